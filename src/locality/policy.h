@@ -1,0 +1,25 @@
+// LocalityDomainPolicy: what the user allowed (from LlmArgs). Default: disabled.
+#pragma once
+#include <set>
+#include <string>
+#include <vector>
+
+namespace locus::locality {
+
+enum class OpKind { kBf16Linear, kNvfp4Linear, kBf16Bmm, kBf16Moe, kNvfp4Moe };
+const char* op_kind_name(OpKind k);         // "bf16_linear", ...
+OpKind op_kind_from_name(const std::string& name);  // throws naming the unknown op
+
+struct LocalityDomainPolicy {
+  bool enabled = false;
+  int num_partitions = 0;  // 0 = the topology's domain count
+  std::set<OpKind> allowed_ops = {OpKind::kBf16Linear, OpKind::kNvfp4Linear, OpKind::kBf16Bmm,
+                                  OpKind::kBf16Moe, OpKind::kNvfp4Moe};
+  // fnmatch-style patterns over module names ("model.layers.3.mlp.shared_experts.gate_up_proj").
+  std::vector<std::string> exclude_modules = {"*shared_experts*", "*.mlp.gate", "lm_head"};
+
+  // The first pattern that excludes `module`, or "" when none does.
+  std::string excluding_pattern(const std::string& module) const;
+};
+
+}  // namespace locus::locality

@@ -1,0 +1,20 @@
+// Normalization and element-wise helpers used by the decoder layers.
+#pragma once
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace locus::ops {
+
+// y[M,H] = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (x, y bf16 or fp32; weight bf16/fp32).
+void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream = {});
+
+// y = a + b, element-wise, same shape (bf16 or fp32; y may alias a).
+void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream = {});
+
+// y = x converted to y's dtype (bf16 <-> fp32 <-> fp16), same shape, any strides.
+void cast(const Tensor& x, const Tensor& y, const Stream& stream = {});
+
+// y[T, H] = table[ids[t], :]; ids i32 or i64 [T]; an id out of range throws naming it.
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, const Stream& stream = {});
+
+}  // namespace locus::ops
