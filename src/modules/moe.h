@@ -1,0 +1,93 @@
+// MoE: DeepSeek mixture of experts = router gate + routed experts (fused SwiGLU) + shared experts.
+//   y = sum_i w_i * expert_{e_i}(x) + shared_experts(x)
+// - gate: VANILLA BF16 Linear [E, hidden] with fp32 output ("<name>.gate"), never partitioned;
+//   e_score_correction_bias fp32 [E] (sigmoid scoring) used for selection only.
+// - routing: ops::moe_route (sigmoid + bias + group-limited top-k, or softmax for V2 configs).
+// - experts: per expert a FUSED_GATE_UP Linear [2I, hidden] and a VANILLA Linear [hidden, I]
+//   (BF16 or NVFP4). Grouped execution: the tokens routed to each expert are gathered into
+//   contiguous rows, one GEMM per active expert, combined back with the routing weights.
+//   Localized per plan_moe ("<name>.experts"): each expert's gate/up split along I (SwiGLU kept
+//   local, one partition per domain) and its down projection split along hidden; all partitions
+//   run inside one fork/join per GEMM stage.
+// - shared_experts: a GatedMLP of intermediate I * n_shared_experts ("<name>.shared_experts"),
+//   unpartitioned through the policy's exclude pattern.
+//
+// Checkpoint names accepted by load() (relative to the MoE module, e.g. "model.layers.3.mlp"):
+//   gate.weight, gate.e_score_correction_bias,
+//   experts.{e}.{gate_proj,up_proj,down_proj}.{weight,weight_scale,weight_scale_2,input_scale}
+//     (DeepSeek / ModelOpt per-expert form),
+//   experts.gate_up_proj [E, 2I, hidden], experts.down_proj [E, hidden, I] (HF in-memory fused form),
+//   shared_experts.{gate_proj,up_proj,down_proj}.{...}.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "modules/gated_mlp.h"
+#include "modules/linear.h"
+#include "ops/moe_routing.h"
+
+namespace locus::modules {
+
+struct MoeConfig {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // moe_intermediate_size (per expert)
+  int64_t num_experts = 0;        // n_routed_experts
+  int64_t top_k = 1;              // num_experts_per_tok
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.f;
+  ops::MoeScoring scoring = ops::MoeScoring::kSigmoid;
+  bool correction_bias = true;    // gate.e_score_correction_bias present (noaux_tc)
+  int64_t n_shared_experts = 0;   // 0: no shared experts
+  locality::QuantKind expert_quant = locality::QuantKind::kBF16;
+  locality::QuantKind shared_quant = locality::QuantKind::kBF16;
+};
+
+class MoE : public Module {
+ public:
+  MoE(ModuleContext ctx, MoeConfig cfg);
+
+  const MoeConfig& config() const { return cfg_; }
+  ops::MoeRoutingConfig routing_config() const;
+  LifecycleState state() const override;
+
+  void load(const std::string& piece, const Tensor& t) override;
+  // Per-expert form: proj is "gate_proj", "up_proj" or "down_proj"; piece a Linear piece
+  // ("weight", "weight_scale", "weight_scale_2", "input_scale").
+  void load_expert(int64_t expert, const std::string& proj, const std::string& piece, const Tensor& t);
+  // HF in-memory fused form (BF16): gate_up [E, 2I, hidden] (gate rows first), down [E, hidden, I].
+  void load_fused_experts(const Tensor& gate_up, const Tensor& down);
+  std::vector<std::string> missing_pieces() const override;
+  void transform() override;
+  void localize() override;
+  void reload(const WeightMap& weights) override;  // same names as load()
+  void rebuild() override;
+  MemoryUsage memory() const override;
+  void collect_plans(std::vector<PlanRecord>* out) const override;
+
+  // x bf16 [T, hidden] -> y bf16 or fp32 [T, hidden].
+  void forward(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
+  // Router only: weights fp32 [T, top_k], ids i32 [T, top_k].
+  void route(const Tensor& x, const Tensor& weights, const Tensor& ids, const Stream& stream = {}) const;
+
+  const locality::Plan& experts_plan() const { return experts_plan_; }
+  Linear& gate() { return *gate_; }
+  const Tensor& correction_bias() const { return bias_; }
+  Linear& expert_gate_up(int64_t e) { return *gate_up_.at(e); }
+  Linear& expert_down(int64_t e) { return *down_.at(e); }
+  GatedMLP* shared_experts() { return shared_.get(); }  // null when n_shared_experts == 0
+
+ private:
+  std::vector<Module*> children() const;
+  void check_expert(int64_t e) const;
+  MoeConfig cfg_;
+  std::unique_ptr<Linear> gate_;
+  Tensor bias_;  // fp32 [E]
+  std::vector<std::unique_ptr<Linear>> gate_up_, down_;
+  std::unique_ptr<GatedMLP> shared_;
+  locality::Plan experts_plan_;
+  bool bias_loaded_ = false;
+};
+
+}  // namespace locus::modules
