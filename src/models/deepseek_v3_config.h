@@ -85,7 +85,7 @@ struct DeepseekV3Config {
   void validate() const;
 
   // config.json form (HF field names, rope_scaling map, eos_token_id int when one id).
-  nlohmann::json to_json() const;
+  nlohmann::ordered_json to_json() const;
 };
 
 // Parses a config.json object; `source` names the file in errors. Wrong types are Errors naming the
