@@ -68,6 +68,8 @@ LlmArgs load_llm_args_file(const std::string& path, const LlmArgs& base = {});
 // true/false/1/0/yes/no/on/off. Error naming the key and the expected type on a bad value,
 // or naming the key when it is unknown.
 void set_llm_arg(LlmArgs& args, const std::string& key, const std::string& value);
+// A field's value as YAML text ("4096", "\"cpu\"", "null", "[\"a\", \"b\"]"); Error when the key is unknown.
+std::string get_llm_arg(const LlmArgs& args, const std::string& key);
 
 // Every field with its value, as YAML, in table order (nested locality_domains map).
 // dump_defaults() == dump_llm_args(LlmArgs{}); tests/data/llm_args_golden.yaml holds it.
