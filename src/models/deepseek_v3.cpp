@@ -1,0 +1,231 @@
+#include "models/deepseek_v3.h"
+
+#include <map>
+
+#include "ops/norm.h"
+
+namespace locus::models {
+namespace {
+
+modules::ModuleContext root_context(const DeepseekV3BuildOptions& o, const std::string& name) {
+  modules::ModuleContext c;
+  c.device = o.device;
+  c.planner = o.planner;
+  c.runtime = o.runtime;
+  c.require_locality = o.require_locality;
+  c.name = name;
+  return c;
+}
+
+// "model.layers.12.mlp.gate.weight" -> 12 and "mlp.gate.weight"; false when not a layer name.
+bool parse_layer_name(const std::string& name, int64_t* index, std::string* rest) {
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  size_t i = prefix.size(), j = i;
+  while (j < name.size() && name[j] >= '0' && name[j] <= '9') ++j;
+  if (j == i || j >= name.size() || name[j] != '.' || j - i > 9) return false;
+  *index = std::stoll(name.substr(i, j - i));
+  *rest = name.substr(j + 1);
+  return true;
+}
+
+}  // namespace
+
+DeepseekV3ForCausalLM::DeepseekV3ForCausalLM(DeepseekV3Config cfg, DeepseekV3BuildOptions opts)
+    : Module(root_context(opts, "")), cfg_(std::move(cfg)), opts_(std::move(opts)) {
+  cfg_.validate();
+  LOCUS_CHECK(opts_.max_positions >= 1, "DeepseekV3ForCausalLM: max_positions must be >= 1, got ", opts_.max_positions);
+  if (opts_.is_nvfp4) {
+    LOCUS_CHECK(!opts_.is_nvfp4("lm_head"), "the quantization config quantizes lm_head, which Locus keeps in BF16 ",
+                "(ModelOpt excludes it: add lm_head to exclude_modules)");
+  }
+  embed_ = std::make_unique<modules::Embedding>(root_context(opts_, "model.embed_tokens"), cfg_.vocab_size,
+                                                cfg_.hidden_size);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l)
+    layers_.push_back(std::make_unique<DecoderLayer>(root_context(opts_, str("model.layers.", l)), cfg_, l,
+                                                     opts_.max_positions, opts_.is_nvfp4));
+  norm_ = std::make_unique<modules::RMSNorm>(root_context(opts_, "model.norm"), cfg_.hidden_size,
+                                             static_cast<float>(cfg_.rms_norm_eps));
+  modules::LinearConfig lc;
+  lc.in_features = cfg_.hidden_size;
+  lc.out_features = cfg_.vocab_size;
+  lc.partitionable = false;
+  lc.unpartitioned_reason = "lm_head is never partitioned (its fp32 logits feed the sampler whole)";
+  lm_head_ = std::make_unique<modules::Linear>(root_context(opts_, "lm_head"), lc);
+}
+
+std::vector<modules::Module*> DeepseekV3ForCausalLM::children() const {
+  std::vector<modules::Module*> c = {embed_.get()};
+  for (const auto& l : layers_) c.push_back(l.get());
+  c.push_back(norm_.get());
+  c.push_back(lm_head_.get());
+  return c;
+}
+
+modules::Module* DeepseekV3ForCausalLM::route(const std::string& name, std::string* rest) const {
+  auto strip = [&](const std::string& prefix) -> bool {
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0 || name[prefix.size()] != '.')
+      return false;
+    *rest = name.substr(prefix.size() + 1);
+    return true;
+  };
+  if (strip("model.embed_tokens")) return embed_.get();
+  if (strip("model.norm")) return norm_.get();
+  if (strip("lm_head")) return lm_head_.get();
+  int64_t index = -1;
+  if (parse_layer_name(name, &index, rest) && index < cfg_.num_hidden_layers)
+    return layers_[static_cast<size_t>(index)].get();
+  return nullptr;
+}
+
+bool DeepseekV3ForCausalLM::owns(const std::string& name) const {
+  std::string rest;
+  return route(name, &rest) != nullptr;
+}
+
+LifecycleState DeepseekV3ForCausalLM::state() const {
+  LifecycleState s = LifecycleState::kLocalized;
+  for (auto* c : children()) s = std::min(s, c->state());
+  return s;
+}
+
+void DeepseekV3ForCausalLM::load(const std::string& name, const Tensor& t) {
+  std::string rest;
+  modules::Module* m = route(name, &rest);
+  LOCUS_CHECK(m != nullptr, "unexpected tensor ", name, ": DeepSeek-V3 with ", cfg_.num_hidden_layers,
+              " layers has no module for it");
+  m->load(rest, t);
+  // Tied embeddings: the embedding table is also the output projection.
+  if (cfg_.tie_word_embeddings && m == embed_.get()) lm_head_->load(rest, t);
+}
+
+std::vector<std::string> DeepseekV3ForCausalLM::missing_pieces() const {
+  std::vector<std::string> out;
+  for (auto* c : children())
+    for (const auto& p : c->missing_pieces()) out.push_back(c->name() + "." + p);
+  return out;
+}
+
+void DeepseekV3ForCausalLM::transform() {
+  const auto missing = missing_pieces();
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) list += str(", ... (", missing.size(), " in all)");
+    LOCUS_THROW("cannot transform the model: missing tensors ", list);
+  }
+  for (auto* c : children()) c->transform();
+}
+
+void DeepseekV3ForCausalLM::localize() {
+  for (auto* c : children()) c->localize();
+}
+void DeepseekV3ForCausalLM::rebuild() {
+  for (auto* c : children()) c->rebuild();
+}
+
+void DeepseekV3ForCausalLM::reload(const modules::WeightMap& weights) {
+  std::map<modules::Module*, modules::WeightMap> per_child;
+  for (const auto& [name, t] : weights) {
+    std::string rest;
+    modules::Module* m = route(name, &rest);
+    LOCUS_CHECK(m != nullptr, "reload: unexpected tensor ", name);
+    per_child[m][rest] = t;
+  }
+  for (auto& [child, w] : per_child) child->reload(w);
+}
+
+modules::MemoryUsage DeepseekV3ForCausalLM::memory() const {
+  modules::MemoryUsage m;
+  for (auto* c : children()) m += c->memory();
+  return m;
+}
+
+void DeepseekV3ForCausalLM::collect_plans(std::vector<modules::PlanRecord>* out) const {
+  for (auto* c : children()) c->collect_plans(out);
+}
+
+DeepseekV3Cache DeepseekV3ForCausalLM::new_cache(int64_t capacity) const {
+  return DeepseekV3Cache::allocate(cfg_, capacity, opts_.device);
+}
+
+Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bool all_logits, modules::MlaPath path) {
+  LOCUS_CHECK(!batch.empty(), "DeepseekV3ForCausalLM::forward: empty batch");
+  const LifecycleState st = state();
+  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
+              "DeepseekV3ForCausalLM::forward: the model is ", modules::lifecycle_state_name(st),
+              "; load every tensor and transform() first");
+  int64_t total = 0;
+  for (size_t b = 0; b < batch.size(); ++b) {
+    const SequenceStep& s = batch[b];
+    LOCUS_CHECK(s.cache != nullptr, "forward: sequence ", b, " has no KV cache");
+    LOCUS_CHECK(!s.ids.empty(), "forward: sequence ", b, " has no tokens");
+    LOCUS_CHECK(static_cast<int64_t>(s.cache->layers.size()) == cfg_.num_hidden_layers, "forward: sequence ", b,
+                "'s KV cache has ", s.cache->layers.size(), " layers, the model ", cfg_.num_hidden_layers);
+    const int64_t n = static_cast<int64_t>(s.ids.size()), end = s.cache->length() + n;
+    LOCUS_CHECK(end <= s.cache->capacity(), "forward: sequence ", b, " needs ", end,
+                " tokens of KV cache but its cache holds ", s.cache->capacity());
+    LOCUS_CHECK(end <= opts_.max_positions, "forward: sequence ", b, " reaches position ", end - 1,
+                " but the model was built for ", opts_.max_positions, " positions (max_seq_len)");
+    for (int32_t id : s.ids)
+      LOCUS_CHECK(id >= 0 && id < cfg_.vocab_size, "forward: token id ", id, " of sequence ", b,
+                  " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
+    for (size_t o = 0; o < b; ++o)
+      LOCUS_CHECK(batch[o].cache != s.cache, "forward: sequences ", o, " and ", b, " share one KV cache");
+    total += n;
+  }
+
+  // Token ids and positions, flattened in batch order.
+  Tensor ids = Tensor::empty({total}, DType::kI32), pos = Tensor::empty({total}, DType::kI32);
+  std::vector<int64_t> start_len(batch.size()), last_row(batch.size());
+  {
+    int64_t r = 0;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      start_len[b] = batch[b].cache->length();
+      for (size_t i = 0; i < batch[b].ids.size(); ++i, ++r) {
+        ids.data<int32_t>()[r] = batch[b].ids[i];
+        pos.data<int32_t>()[r] = static_cast<int32_t>(start_len[b] + static_cast<int64_t>(i));
+      }
+      last_row[b] = r - 1;
+    }
+  }
+  const Device dev = opts_.device;
+  if (!dev.is_cpu()) {
+    ids = ids.to(dev);
+    pos = pos.to(dev);
+  }
+
+  const int64_t D = cfg_.hidden_size;
+  Tensor x = Tensor::empty({total, D}, DType::kBF16, dev);
+  Tensor h = Tensor::empty({total, D}, DType::kBF16, dev);
+  Tensor a = Tensor::empty({total, D}, DType::kBF16, dev);
+  try {
+    embed_->forward(ids, x);
+    std::vector<modules::MlaSequence> seqs(batch.size());
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      for (size_t b = 0; b < batch.size(); ++b)
+        seqs[b] = {&batch[b].cache->layers[l], static_cast<int64_t>(batch[b].ids.size())};
+      layers_[l]->forward(x, pos, seqs, h, a, path);
+    }
+  } catch (...) {
+    for (size_t b = 0; b < batch.size(); ++b)
+      for (auto& lc : batch[b].cache->layers) lc.length = std::min(lc.length, start_len[b]);
+    throw;
+  }
+
+  // Rows whose logits are wanted: every row, or each sequence's last.
+  Tensor rows = x;
+  if (!all_logits) {
+    rows = Tensor::empty({static_cast<int64_t>(batch.size()), D}, DType::kBF16, dev);
+    for (size_t b = 0; b < batch.size(); ++b)
+      rows.slice(0, static_cast<int64_t>(b), static_cast<int64_t>(b) + 1)
+          .copy_(x.slice(0, last_row[b], last_row[b] + 1));
+  }
+  Tensor normed = Tensor::empty(rows.shape(), DType::kBF16, dev);
+  norm_->forward(rows, normed);
+  Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, dev);
+  lm_head_->forward(normed, logits);
+  return dev.is_cpu() ? logits : logits.to(Device::cpu());
+}
+
+}  // namespace locus::models

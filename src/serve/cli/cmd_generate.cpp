@@ -1,0 +1,106 @@
+// `locus generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
+//   [--temperature T --top-k K --top-p P] [--seed S] [every LlmArgs flag]`:
+// tokenizes the prompts, runs them as one batch (prefill, then decode until eos or N tokens),
+// streams the text of a single prompt to stdout as it is generated (several prompts: each
+// completion is printed when done) and prints prompt / decode tokens per second to stderr.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "runtime/generator.h"
+#include "runtime/llm_args_cli.h"
+#include "runtime/model_loader.h"
+#include "runtime/tokenizer.h"
+#include "serve/cli/command.h"
+
+namespace {
+
+struct GenerateOptions {
+  std::vector<std::string> prompts;
+  int64_t max_new_tokens = 32;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  bool no_bos = false;
+  bool quiet = false;
+};
+
+int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o) {
+  using namespace locus;
+  using namespace locus::runtime;
+  LlmArgs args = cli.resolve();
+  LOCUS_CHECK(!args.model.empty(), "generate: --model DIR is required");
+  LOCUS_CHECK(static_cast<int64_t>(o.prompts.size()) <= args.max_batch_size, "generate: ", o.prompts.size(),
+              " prompts exceed max_batch_size=", args.max_batch_size);
+  SamplingParams sp{o.temperature, o.top_k, o.top_p, args.seed};
+  sp.validate();
+
+  Tokenizer tok = Tokenizer::from_path(args.tokenizer.empty() ? args.model : args.tokenizer);
+  ModelLoaderOptions lo;
+  lo.progress = !o.quiet;
+  lo.log = o.quiet ? nullptr : stderr;
+  LoadedModel lm = ModelLoader(args, lo).load();
+  LOCUS_CHECK(tok.vocab_size() <= lm.config.vocab_size, "tokenizer has ", tok.vocab_size(),
+              " tokens but the model's vocab_size is ", lm.config.vocab_size);
+
+  std::vector<GenerationRequest> reqs;
+  for (const auto& p : o.prompts) {
+    GenerationRequest r;
+    r.prompt = tok.encode(p, !o.no_bos && tok.bos_id().has_value());
+    LOCUS_CHECK(!r.prompt.empty(), "generate: prompt \"", p, "\" encodes to no tokens");
+    r.max_new_tokens = o.max_new_tokens;
+    r.sampling = sp;
+    reqs.push_back(r);
+  }
+  std::vector<int32_t> eos;
+  for (int64_t e : lm.config.eos_token_ids) eos.push_back(static_cast<int32_t>(e));
+  if (auto e = tok.eos_id()) eos.push_back(*e);
+
+  KvCacheManager kv(lm.config, lm.device, resolve_kv_budget(args, lm.device), args.max_batch_size, args.max_seq_len);
+  Generator gen(*lm.model, kv, eos);
+  const bool stream = reqs.size() == 1;
+  StreamingDecoder dec(tok);
+  if (stream) {
+    std::cout << o.prompts[0] << std::flush;
+  }
+  GenerationStats st;
+  auto results = gen.generate(
+      reqs,
+      [&](size_t, int32_t id) {
+        if (stream) std::cout << dec.push(id) << std::flush;
+      },
+      &st);
+  if (stream) {
+    std::cout << dec.flush() << "\n";
+  } else {
+    for (size_t i = 0; i < results.size(); ++i)
+      std::cout << "[" << i << "] " << o.prompts[i] << tok.decode(results[i].tokens, true) << "\n";
+  }
+  std::string reasons;
+  for (size_t i = 0; i < results.size(); ++i) reasons += (i ? "," : "") + results[i].finish_reason;
+  std::fprintf(stderr,
+               "locus: %zu sequence%s, sampling %s; prompt %lld tokens in %.3f s (%.1f tok/s); "
+               "decode %lld tokens in %.3f s (%.1f tok/s); finished: %s\n",
+               results.size(), results.size() == 1 ? "" : "s", sp.describe().c_str(),
+               static_cast<long long>(st.prompt_tokens), st.prefill_seconds, st.prefill_tokens_per_second(),
+               static_cast<long long>(st.decode_tokens), st.decode_seconds, st.decode_tokens_per_second(),
+               reasons.c_str());
+  return 0;
+}
+
+}  // namespace
+
+LOCUS_REGISTER_COMMAND("generate", "generate text from one or more prompts (a batch) with a DeepSeek-V3 model",
+                       [](CLI::App& app) {
+                         auto cli = std::make_shared<locus::runtime::LlmArgsCli>(app);
+                         auto o = std::make_shared<GenerateOptions>();
+                         app.add_option("--prompt", o->prompts, "prompt text; repeat for a batch")->required();
+                         app.add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per prompt")
+                             ->capture_default_str();
+                         app.add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+                         app.add_option("--top-k", o->top_k, "0 = no limit")->capture_default_str();
+                         app.add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
+                         app.add_flag("--no-bos", o->no_bos, "do not prepend the tokenizer's bos token");
+                         app.add_flag("--quiet", o->quiet, "no progress bar or load notes");
+                         return [=] { return run_generate(*cli, *o); };
+                       });
