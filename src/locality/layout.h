@@ -22,11 +22,13 @@ struct PartitionedLayout {
   std::vector<PartitionRange> parts;
   int num_partitions() const { return static_cast<int>(parts.size()); }
   std::string describe() const;  // "2 x [0,3584) [3584,7168)"
+  // Weight rows partition p holds: its range, doubled for FUSED_GATE_UP (gate + up rows).
+  int64_t weight_rows(int p) const { return parts.at(p).rows() * (fused_gate_up ? 2 : 1); }
 };
 
 // Splits n into `partitions` near-equal ranges, each a multiple of `align` (the first ones take
 // the extra blocks). Returns nullopt and sets `why` when that needs padding (n % align != 0) or
-// leaves a partition empty.
+// leaves a partition empty. Nonsense arguments (n < 1, partitions < 1, align < 1) throw.
 std::optional<PartitionedLayout> make_partitioned_layout(int64_t n, int partitions, int64_t align,
                                                          bool fused_gate_up, std::string* why);
 

@@ -20,6 +20,14 @@ struct LocalityDomainPolicy {
 
   // The first pattern that excludes `module`, or "" when none does.
   std::string excluding_pattern(const std::string& module) const;
+  // Throws an Error naming the bad field (num_partitions < 0 or above kMaxLocalityDomains).
+  void validate() const;
+  // "{bf16_linear, nvfp4_linear}" in OpKind order, for messages.
+  std::string allowed_ops_str() const;
 };
+
+// Every OpKind, in declaration order.
+inline constexpr OpKind kAllOpKinds[] = {OpKind::kBf16Linear, OpKind::kNvfp4Linear, OpKind::kBf16Bmm,
+                                         OpKind::kBf16Moe, OpKind::kNvfp4Moe};
 
 }  // namespace locus::locality

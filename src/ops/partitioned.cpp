@@ -1,0 +1,249 @@
+// Partitioned ops: validate the slices and shards up front, then fork, let each partition run the
+// ordinary op on its shard into its output slice, and join.
+#include "ops/partitioned.h"
+
+#include <exception>
+#include <system_error>
+#include <thread>
+
+#include "core/error.h"
+#include "ops/bmm.h"
+#include "ops/gemm.h"
+
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_ops.h"
+#endif
+
+namespace locus::ops {
+
+namespace {
+
+// Rethrows a partition's exception; a locus::Error gets the partition named in front.
+[[noreturn]] void rethrow_named(const std::exception_ptr& e, int p, int count) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    throw Error(str("partition ", p, " of ", count, ": ", err.what()));
+  }
+}
+
+void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+  for (size_t p = 0; p < errors.size(); ++p) {
+    if (errors[p]) rethrow_named(errors[p], static_cast<int>(p), static_cast<int>(errors.size()));
+  }
+}
+
+// CPU: every partition on its own host thread (partition 0 on the caller's), each using the
+// worker pool its stream names; CPU ops are synchronous, so the fork has nothing to wait for
+// and the join is joining the threads.
+void run_cpu(const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
+  const int count = static_cast<int>(streams.size());
+  std::vector<std::exception_ptr> errors(count);
+  auto body = [&](int p) {
+    try {
+      fn(p);
+    } catch (...) {
+      errors[p] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  std::vector<int> inline_parts;  // partitions whose thread could not be started run here
+  threads.reserve(count);
+  for (int p = 1; p < count; ++p) {
+    try {
+      threads.emplace_back(body, p);
+    } catch (const std::system_error&) {
+      inline_parts.push_back(p);
+    }
+  }
+  body(0);
+  for (int p : inline_parts) body(p);
+  for (auto& t : threads) t.join();
+  rethrow_first(errors);
+}
+
+#if defined(LOCUS_WITH_CUDA)
+// CUDA: event fork from the caller's stream, enqueue every partition on its stream, event join
+// back; all of it is capturable in a CUDA graph. The join happens even when an enqueue threw,
+// so a capture stays well-formed before the error propagates.
+void run_cuda(const Stream& caller, const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
+  std::vector<void*> targets;
+  for (const Stream& s : streams) targets.push_back(s.native);
+  cuda::fork_streams(caller.native, targets);
+  std::vector<std::exception_ptr> errors(streams.size());
+  for (size_t p = 0; p < streams.size(); ++p) {
+    try {
+      fn(static_cast<int>(p));
+    } catch (...) {
+      errors[p] = std::current_exception();
+    }
+  }
+  cuda::join_streams(caller.native, targets);
+  rethrow_first(errors);
+}
+#endif
+
+// Slices must tile [0, extent) in order with non-empty ranges, one shard per slice.
+void check_slices(const char* op, const std::vector<PartitionSlice>& slices, int64_t extent, size_t shard_count,
+                  const char* extent_name) {
+  LOCUS_CHECK(!slices.empty(), op, ": no partitions given");
+  LOCUS_CHECK(slices.size() == shard_count, op, ": ", slices.size(), " slices but ", shard_count, " shards");
+  int64_t expected = 0;
+  for (size_t p = 0; p < slices.size(); ++p) {
+    const PartitionSlice& s = slices[p];
+    LOCUS_CHECK(s.n0 == expected, op, ": partition ", p, " starts at ", extent_name, " ", s.n0, " but ",
+                p == 0 ? std::string("the first must start at 0") : str("partition ", p - 1, " ended at ", expected),
+                " (slices must tile [0, ", extent, ") in order)");
+    LOCUS_CHECK(s.n1 > s.n0, op, ": partition ", p, " has an empty range [", s.n0, ", ", s.n1, ")");
+    expected = s.n1;
+  }
+  LOCUS_CHECK(expected == extent, op, ": the slices cover [0, ", expected, ") but the output has ", extent, " ",
+              extent_name, "s");
+}
+
+Tensor bias_slice(const char* op, const Tensor& bias, int64_t n, int64_t n0, int64_t n1) {
+  if (!bias.defined()) return {};
+  LOCUS_CHECK(bias.dim() == 1 && bias.size(0) == n, op, ": bias must be [", n, "], got ", bias.describe());
+  return bias.slice(0, n0, n1);
+}
+
+void check_output_2d(const char* op, const Tensor& x, const Tensor& y) {
+  LOCUS_CHECK(x.defined() && x.dim() == 2, op, ": x must be a 2-D tensor, got ",
+              x.defined() ? x.describe() : std::string("undefined"));
+  LOCUS_CHECK(y.defined() && y.dim() == 2, op, ": y must be a 2-D tensor, got ",
+              y.defined() ? y.describe() : std::string("undefined"));
+  LOCUS_CHECK(y.size(0) == x.size(0), op, ": y has ", y.size(0), " rows but x has ", x.size(0));
+}
+
+void check_dense_shard(const char* op, size_t p, const Tensor& w, int64_t rows, int64_t k) {
+  LOCUS_CHECK(w.defined() && w.dim() == 2, op, ": partition ", p, " shard must be a 2-D tensor, got ",
+              w.defined() ? w.describe() : std::string("undefined"));
+  LOCUS_CHECK(w.size(0) == rows && w.size(1) == k, op, ": partition ", p, " shard is ", w.shape_str(),
+              " but its slice needs [", rows, ", ", k, "]");
+}
+
+void check_nvfp4_shard(const char* op, size_t p, const Nvfp4Weight& w, int64_t rows, int64_t k) {
+  LOCUS_CHECK(w.n == rows && w.k == k, op, ": partition ", p, " shard is [", w.n, ", ", w.k,
+              "] but its slice needs [", rows, ", ", k, "]");
+}
+
+std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices) {
+  std::vector<Stream> out;
+  for (const auto& s : slices) out.push_back(s.stream);
+  return out;
+}
+
+}  // namespace
+
+void run_partitioned(const Stream& caller, const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
+  LOCUS_CHECK(!streams.empty(), "run_partitioned: no partition streams given");
+  const DeviceType type = streams[0].device.type;
+  for (size_t p = 1; p < streams.size(); ++p) {
+    LOCUS_CHECK(streams[p].device.type == type && streams[p].device.index == streams[0].device.index,
+                "run_partitioned: partition ", p, " runs on ", streams[p].device.name(), " but partition 0 on ",
+                streams[0].device.name());
+  }
+  if (type == DeviceType::kCPU) {
+    LOCUS_CHECK(caller.device.is_cpu() || caller.native == nullptr, "run_partitioned: caller stream is on ",
+                caller.device.name(), " but the partitions run on the CPU");
+    if (streams.size() == 1) {
+      try {
+        fn(0);
+      } catch (const Error&) {
+        rethrow_named(std::current_exception(), 0, 1);
+      }
+      return;
+    }
+    run_cpu(streams, fn);
+    return;
+  }
+#if defined(LOCUS_WITH_CUDA)
+  // Stream{} (the CPU-typed default) as caller means the device's legacy default stream.
+  LOCUS_CHECK(caller.native == nullptr || caller.device == streams[0].device, "run_partitioned: caller stream is on ",
+              caller.device.name(), " but the partitions run on ", streams[0].device.name());
+  run_cuda(caller, streams, fn);
+#else
+  LOCUS_THROW("run_partitioned: partitions on ", streams[0].device.name(),
+              " need the CUDA backend, which this build does not have");
+#endif
+}
+
+void gemm_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y,
+                      const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  const char* op = "gemm_partitioned";
+  check_output_2d(op, x, y);
+  check_slices(op, slices, y.size(1), shards.size(), "column");
+  for (size_t p = 0; p < slices.size(); ++p) check_dense_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
+  if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));  // validates the shape before the fork
+  run_partitioned(caller, streams_of(slices), [&](int p) {
+    const PartitionSlice& s = slices[p];
+    gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), s.stream);
+  });
+}
+
+void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& y,
+                             const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  const char* op = "gemm_swiglu_partitioned";
+  check_output_2d(op, x, y);
+  check_slices(op, slices, y.size(1), shards.size(), "column");
+  for (size_t p = 0; p < slices.size(); ++p) {
+    check_dense_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));  // [gate rows; up rows]
+  }
+  run_partitioned(caller, streams_of(slices), [&](int p) {
+    const PartitionSlice& s = slices[p];
+    gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), s.stream);
+  });
+}
+
+void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias,
+                            const Tensor& y, const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  const char* op = "nvfp4_gemm_partitioned";
+  check_output_2d(op, x, y);
+  check_slices(op, slices, y.size(1), shards.size(), "column");
+  for (size_t p = 0; p < slices.size(); ++p) check_nvfp4_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
+  if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));
+  run_partitioned(caller, streams_of(slices), [&](int p) {
+    const PartitionSlice& s = slices[p];
+    nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), s.stream);
+  });
+}
+
+void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& y,
+                                   const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  const char* op = "nvfp4_gemm_swiglu_partitioned";
+  check_output_2d(op, x, y);
+  check_slices(op, slices, y.size(1), shards.size(), "column");
+  for (size_t p = 0; p < slices.size(); ++p) {
+    check_nvfp4_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));
+  }
+  run_partitioned(caller, streams_of(slices), [&](int p) {
+    const PartitionSlice& s = slices[p];
+    nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), s.stream);
+  });
+}
+
+void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                     const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  const char* op = "bmm_partitioned";
+  LOCUS_CHECK(a.defined() && a.dim() == 3, op, ": a must be a 3-D tensor [B, M, K], got ",
+              a.defined() ? a.describe() : std::string("undefined"));
+  LOCUS_CHECK(y.defined() && y.dim() == 3, op, ": y must be a 3-D tensor [B, M, N], got ",
+              y.defined() ? y.describe() : std::string("undefined"));
+  LOCUS_CHECK(y.size(0) == a.size(0) && y.size(1) == a.size(1), op, ": y is ", y.shape_str(), " but a is ",
+              a.shape_str(), " (batch and M must match)");
+  check_slices(op, slices, a.size(0), b_shards.size(), "head");
+  for (size_t p = 0; p < slices.size(); ++p) {
+    const Tensor& b = b_shards[p];
+    const int64_t heads = slices[p].n1 - slices[p].n0;
+    LOCUS_CHECK(b.defined() && b.dim() == 3, op, ": partition ", p, " shard must be a 3-D tensor [B, K, N], got ",
+                b.defined() ? b.describe() : std::string("undefined"));
+    LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
+                " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
+  }
+  run_partitioned(caller, streams_of(slices), [&](int p) {
+    const PartitionSlice& s = slices[p];
+    bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), s.stream);
+  });
+}
+
+}  // namespace locus::ops
