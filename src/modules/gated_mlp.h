@@ -37,6 +37,7 @@ class GatedMLP : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
+  void check_reload(const WeightMap& weights) const;  // throws as reload() would, writes nothing
   void rebuild() override;
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;
@@ -53,6 +54,7 @@ class GatedMLP : public Module {
 
  private:
   static std::string map_piece(const std::string& piece, bool* to_down);
+  void split(const WeightMap& weights, WeightMap* gate_up, WeightMap* down) const;
   GatedMlpConfig cfg_;
   std::unique_ptr<Linear> gate_up_, down_;
 };

@@ -30,12 +30,14 @@
 // so policy excludes apply). partitionable = false (router gate, kv_a_proj_with_mqa) records a
 // disabled plan with the given reason. set_plan() lets a composite (MoE) impose its own plan.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
 #include "core/stream.h"
 #include "modules/module.h"
 #include "ops/nvfp4.h"
+#include "ops/partitioned.h"
 
 namespace locus::modules {
 
@@ -64,6 +66,9 @@ class Linear : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
+  // Throws exactly as reload(weights) would, without writing anything (composites validate every
+  // child before reloading any).
+  void check_reload(const WeightMap& weights) const;
   void rebuild() override;
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;
@@ -82,8 +87,9 @@ class Linear : public Module {
   // ---- forward (x bf16 [M, K] row-major; y bf16 or fp32, may be a column slice of a wider tensor) ----
   // VANILLA: y [M, N] = x W^T + bias. FUSED_GATE_UP: y [M, I] = swiglu.
   void forward(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
-  // FUSED_GATE_UP only: y [M, 2I] = [x Wg^T | x Wu^T] (the unfused path; y fp32 keeps it exact).
-  void forward_gate_up(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
+  // FUSED_GATE_UP only: the same y [M, I] through the unfused path: the gate/up products into an
+  // fp32 buffer (per partition when partitioned), then ops::swiglu. Rounds once, like forward().
+  void forward_unfused(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
   // Partition p only, on `stream`: writes the columns partition p owns of the full-width y
   // (VANILLA [n0, n1); FUSED_GATE_UP the SwiGLU columns [n0, n1) of y [M, I]). Needs partitioned().
   // For composites (MoE) that run many Linears inside one fork/join.
@@ -101,34 +107,46 @@ class Linear : public Module {
   Tensor gather_weight() const;
 
  private:
-  void check_forward_ready(const char* what) const;
-  void validate_piece(const std::string& piece, const Tensor& t) const;
-  void write_piece(const std::string& canonical, const Tensor& t);
+  // A complete, validated set of new weights (staging for reload), on the module's device
+  // (BF16) or the host in the checkpoint layout (NVFP4).
+  struct Assembled {
+    Tensor dense;            // BF16 [rows, K]
+    Tensor packed, scales;   // NVFP4 kLinear [rows, K/2], [rows, K/16]
+    float g_first = 0.f, g_second = 0.f;
+    Tensor bias;
+  };
   std::string canonical_piece(const std::string& piece) const;
   std::vector<std::string> required_pieces() const;
-  void apply_strict_guard() const;
-  void build_nvfp4_views();
+  void check_piece(const std::string& canonical, const Tensor& t) const;  // throws naming the piece
+  void stage_piece(const std::string& canonical, const Tensor& t, Assembled* into);
+  Assembled assemble(const WeightMap& weights) const;
+  void commit(const Assembled& a);
+  void check_forward_ready(const char* what) const;
+  void check_strict() const;
+  ops::Nvfp4Weight host_nvfp4(const Tensor& packed, const Tensor& scales, int64_t row0, int64_t row1,
+                              float global) const;
+  void build_nvfp4_units(const Tensor& packed, const Tensor& scales);
+  void release_staging();
   Stream partition_stream(int p) const;
+  std::vector<ops::PartitionSlice> slices() const;
 
   LinearConfig cfg_;
   locality::Plan plan_;
+  std::map<std::string, bool> have_;  // required canonical pieces staged so far
+  Assembled staged_;                  // what load() staged (EMPTY / LOADED)
 
   // BF16
   Tensor full_;                 // [rows, K] on the device, domain -1 (released by localize)
-  std::vector<Tensor> shards_;  // [2 r_p or r_p, K] in domain p
-  Tensor bias_;                 // [N], kept whole
+  std::vector<Tensor> shards_;  // per partition: [r_p, K] (VANILLA) or [2 r_p, K] (gate rows, up rows)
+  Tensor bias_;                 // [N], kept whole, outside any domain
 
-  // NVFP4: packed/scales in the checkpoint (kLinear) layout as staged, plus device weights.
-  Tensor q_packed_, q_scales_;          // [rows, K/2], [rows, K/16] staged (host, kLinear)
-  float g_first_ = 0.f, g_second_ = 0.f;  // weight_scale_2 of the whole (or gate) and up halves
-  bool have_g_first_ = false, have_g_second_ = false;
+  // NVFP4: the staged checkpoint-layout weight (host) and the device weights built from it.
+  Tensor q_packed_, q_scales_;           // [rows, K/2] u8, [rows, K/16] e4m3 on the host (kLinear)
+  float g_first_ = 0.f, g_second_ = 0.f;  // weight_scale_2 of the weight (or gate) and of up
   bool per_half_ = false;
-  // Device weights: index 0 = full (not partitioned) or one entry per partition.
-  // Each unit: fused (one Nvfp4Weight) or per-half (gate, up).
-  std::vector<ops::Nvfp4Weight> nv_fused_;
-  std::vector<ops::Nvfp4Weight> nv_gate_, nv_up_;
-  std::vector<bool> loaded_;     // per required piece
-  std::vector<std::string> piece_names_;
+  // One unit = the full weight (not partitioned) or one partition's shard.
+  std::vector<ops::Nvfp4Weight> nv_;               // fused units (VANILLA, or gate/up sharing a scale)
+  std::vector<ops::Nvfp4Weight> nv_gate_, nv_up_;  // per-half units (gate/up with their own scales)
 };
 
 }  // namespace locus::modules

@@ -108,14 +108,18 @@ class MLA : public Module {
   Linear& o_proj() { return *o_proj_; }
 
  private:
-  std::vector<Module*> children() const;
-  void derive_absorbed(const Tensor& kv_b_weight, bool in_place);
-  void shard_absorbed();
-  void attend_prefill(const Tensor& q, const MlaSequence& seq, int64_t row0, const Tensor& o_v,
+  struct Child {
+    const char* prefix;  // "q_a_proj."
+    Module* module;
+  };
+  std::vector<Child> children() const;
+  void check_plan_strict(const locality::Plan& plan, const char* what) const;
+  // Writes W_UK / W_UV of a kv_b_proj weight [H*(dn+dv), dc] into k_b_ / v_b_ (full or shards).
+  void write_absorbed(const Tensor& kv_b_weight);
+  void attend_prefill(const Tensor& q3, const MlaKvCache& cache, int64_t row0, int64_t n, const Tensor& o_v,
                       const Stream& stream) const;
-  void attend_absorbed(const Tensor& q, const std::vector<MlaSequence>& seqs, const Tensor& o_v,
-                       const Stream& stream) const;
-  Stream partition_stream(int p) const;
+  void absorbed_bmm(const Tensor& a, const std::vector<Tensor>& weights, bool transpose_weights,
+                    const locality::Plan& plan, const Tensor& y, const Stream& stream) const;
 
   MlaConfig cfg_;
   ops::RopeTable rope_;
@@ -124,7 +128,6 @@ class MLA : public Module {
   std::unique_ptr<RMSNorm> q_a_layernorm_, kv_a_layernorm_;
   locality::Plan k_b_plan_, v_b_plan_;
   std::vector<Tensor> k_b_, v_b_;  // one entry (full) or one per partition
-  bool absorbed_localized_ = false;
 };
 
 }  // namespace locus::modules

@@ -79,15 +79,26 @@ class MoE : public Module {
   GatedMLP* shared_experts() { return shared_.get(); }  // null when n_shared_experts == 0
 
  private:
+  // Per-child weight maps parsed from checkpoint names (shared by load validation and reload).
+  struct Split {
+    WeightMap gate;
+    std::vector<WeightMap> gate_up, down;  // per expert
+    WeightMap shared;
+    const Tensor* bias = nullptr;
+  };
+  Split split_names(const WeightMap& weights) const;
   std::vector<Module*> children() const;
   void check_expert(int64_t e) const;
+  void check_bias(const Tensor& t) const;
+  bool experts_partitioned() const;
+
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;
   Tensor bias_;  // fp32 [E]
   std::vector<std::unique_ptr<Linear>> gate_up_, down_;
   std::unique_ptr<GatedMLP> shared_;
   locality::Plan experts_plan_;
-  bool bias_loaded_ = false;
+  bool localized_ = false;
 };
 
 }  // namespace locus::modules

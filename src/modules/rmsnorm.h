@@ -14,6 +14,7 @@ class RMSNorm : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
+  void check_reload(const WeightMap& weights) const;  // throws as reload() would, writes nothing
   void rebuild() override {}
   MemoryUsage memory() const override;
 

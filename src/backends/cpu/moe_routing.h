@@ -1,0 +1,15 @@
+// CPU implementations of ops/moe_routing.h (contracts there); operands are validated by ops/.
+#pragma once
+#include "backends/cpu/thread_pool.h"
+#include "core/tensor.h"
+#include "ops/moe_routing.h"
+
+namespace locus::cpu {
+
+void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::MoeRoutingConfig& cfg,
+               const Tensor& weights, const Tensor& ids, ThreadPool& pool);
+void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, ThreadPool& pool);
+void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
+                 const Tensor& y, ThreadPool& pool);
+
+}  // namespace locus::cpu

@@ -1,0 +1,376 @@
+// MoE: router, grouped expert GEMMs (one per active expert, all partitions inside one fork/join
+// per GEMM stage when localized), shared experts and the weighted combine.
+#include "modules/moe.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "ops/norm.h"
+#include "ops/partitioned.h"
+
+namespace locus::modules {
+
+using locality::QuantKind;
+using locality::WeightMode;
+
+namespace {
+
+bool parse_index(const std::string& s, int64_t* out) {
+  if (s.empty() || s.size() > 9) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  *out = std::strtoll(s.c_str(), nullptr, 10);
+  return true;
+}
+
+}  // namespace
+
+MoE::MoE(ModuleContext ctx, MoeConfig cfg) : Module(std::move(ctx)), cfg_(cfg) {
+  const auto& c = cfg_;
+  LOCUS_CHECK(c.hidden_size >= 1 && c.intermediate_size >= 1 && c.num_experts >= 1, "MoE '", name(),
+              "': hidden_size, intermediate_size and num_experts must be positive");
+  LOCUS_CHECK(c.n_group >= 1 && c.num_experts % c.n_group == 0 && c.topk_group >= 1 && c.topk_group <= c.n_group,
+              "MoE '", name(), "': n_group=", c.n_group, " must divide num_experts=", c.num_experts,
+              " and topk_group=", c.topk_group, " must be in [1, n_group]");
+  LOCUS_CHECK(c.top_k >= 1 && c.top_k <= c.topk_group * (c.num_experts / c.n_group), "MoE '", name(), "': top_k=",
+              c.top_k, " exceeds the experts of the kept groups (", c.topk_group * (c.num_experts / c.n_group), ")");
+  LOCUS_CHECK(c.n_shared_experts >= 0, "MoE '", name(), "': n_shared_experts must be >= 0");
+
+  LinearConfig g;
+  g.in_features = c.hidden_size;
+  g.out_features = c.num_experts;
+  g.partitionable = false;
+  g.unpartitioned_reason = "the router gate is never partitioned (its fp32 logits feed one routing decision)";
+  gate_ = std::make_unique<Linear>(ctx_.child("gate"), g);
+
+  const std::string experts = name() + ".experts";
+  const locality::OpKind op = c.expert_quant == QuantKind::kNVFP4 ? locality::OpKind::kNvfp4Moe : locality::OpKind::kBf16Moe;
+  if (!ctx_.planner) experts_plan_ = disabled_plan("locality domains off (no planner in the module context)", op);
+  else experts_plan_ = ctx_.planner->plan_moe(experts, c.num_experts, c.hidden_size, c.intermediate_size, c.expert_quant);
+  if (experts_plan_.enabled && !ctx_.runtime) experts_plan_ = disabled_plan("no locality runtime in the module context", op);
+  experts_plan_.module = experts;
+  if (ctx_.require_locality && !experts_plan_.enabled && ctx_.planner && ctx_.planner->policy().enabled &&
+      ctx_.planner->policy().excluding_pattern(experts).empty()) {
+    LOCUS_THROW("MoE '", name(), "': locality-domain execution was required, but ",
+                locality::quant_kind_name(c.expert_quant), " experts with fused SwiGLU cannot be partitioned: ",
+                experts_plan_.reason);
+  }
+
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    LinearConfig gu;
+    gu.in_features = c.hidden_size;
+    gu.out_features = c.intermediate_size;
+    gu.quant = c.expert_quant;
+    gu.mode = WeightMode::kFusedGateUp;
+    gu.partitionable = false;  // planned once for all experts (plan_moe), imposed below
+    gu.unpartitioned_reason = "expert weights follow the MoE plan: " + experts_plan_.describe();
+    LinearConfig dn = gu;
+    dn.in_features = c.intermediate_size;
+    dn.out_features = c.hidden_size;
+    dn.mode = WeightMode::kVanilla;
+    const std::string base = str("experts.", e, ".");
+    gate_up_.push_back(std::make_unique<Linear>(ctx_.child(base + "gate_up_proj"), gu));
+    down_.push_back(std::make_unique<Linear>(ctx_.child(base + "down_proj"), dn));
+    if (experts_plan_.enabled) {
+      locality::Plan p1 = experts_plan_, p2 = experts_plan_;
+      p2.layout = experts_plan_.down_layout;
+      p1.down_layout = {};
+      p2.down_layout = {};
+      gate_up_.back()->set_plan(p1);
+      down_.back()->set_plan(p2);
+    }
+  }
+  if (c.n_shared_experts > 0) {
+    GatedMlpConfig s;
+    s.hidden_size = c.hidden_size;
+    s.intermediate_size = c.intermediate_size * c.n_shared_experts;
+    s.quant = c.shared_quant;
+    shared_ = std::make_unique<GatedMLP>(ctx_.child("shared_experts"), s);
+  }
+}
+
+ops::MoeRoutingConfig MoE::routing_config() const {
+  ops::MoeRoutingConfig r;
+  r.num_experts = cfg_.num_experts;
+  r.top_k = cfg_.top_k;
+  r.n_group = cfg_.n_group;
+  r.topk_group = cfg_.topk_group;
+  r.norm_topk_prob = cfg_.norm_topk_prob;
+  r.routed_scaling_factor = cfg_.routed_scaling_factor;
+  r.scoring = cfg_.scoring;
+  return r;
+}
+
+std::vector<Module*> MoE::children() const {
+  std::vector<Module*> out{gate_.get()};
+  for (size_t e = 0; e < gate_up_.size(); ++e) {
+    out.push_back(gate_up_[e].get());
+    out.push_back(down_[e].get());
+  }
+  if (shared_) out.push_back(shared_.get());
+  return out;
+}
+
+LifecycleState MoE::state() const {
+  LifecycleState s = LifecycleState::kLocalized;
+  for (Module* m : children()) s = std::min(s, m->state());
+  if (cfg_.correction_bias && !bias_.defined()) s = LifecycleState::kEmpty;
+  return s;
+}
+
+bool MoE::experts_partitioned() const { return experts_plan_.enabled && localized_; }
+
+void MoE::check_expert(int64_t e) const {
+  LOCUS_CHECK(e >= 0 && e < cfg_.num_experts, "MoE '", name(), "': expert index ", e, " out of range [0, ",
+              cfg_.num_experts, ")");
+}
+
+void MoE::check_bias(const Tensor& t) const {
+  LOCUS_CHECK(cfg_.correction_bias, "MoE '", name(), "': this config has no gate.e_score_correction_bias");
+  LOCUS_CHECK(t.defined() && t.shape() == Shape{cfg_.num_experts} &&
+                  (t.dtype() == DType::kFP32 || t.dtype() == DType::kBF16),
+              "MoE '", name(), "': gate.e_score_correction_bias must be fp32 or bf16 [", cfg_.num_experts, "], got ",
+              t.defined() ? t.describe() : "undefined");
+}
+
+// ---------------------------------------------------------------------------------------------
+// names
+
+MoE::Split MoE::split_names(const WeightMap& weights) const {
+  Split s;
+  s.gate_up.resize(cfg_.num_experts);
+  s.down.resize(cfg_.num_experts);
+  const int64_t E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  for (const auto& [piece, t] : weights) {
+    if (piece.rfind("gate.", 0) == 0) {
+      const std::string rest = piece.substr(5);
+      if (rest == "e_score_correction_bias") {
+        check_bias(t);
+        s.bias = &t;
+      } else {
+        s.gate[rest] = t;
+      }
+    } else if (piece == "experts.gate_up_proj" || piece == "experts.down_proj") {
+      const bool gu = piece == "experts.gate_up_proj";
+      const Shape want = gu ? Shape{E, 2 * I, H} : Shape{E, H, I};
+      LOCUS_CHECK(t.defined() && t.shape() == want, "MoE '", name(), "': ", piece, " must be ", shape_to_string(want),
+                  ", got ", t.defined() ? t.describe() : "undefined");
+      for (int64_t e = 0; e < E; ++e) (gu ? s.gate_up : s.down)[e]["weight"] = t.select(0, e);
+    } else if (piece.rfind("experts.", 0) == 0) {
+      // experts.{e}.{gate_proj|up_proj|down_proj}.{piece}
+      const std::string rest = piece.substr(8);
+      const size_t d1 = rest.find('.');
+      const size_t d2 = d1 == std::string::npos ? d1 : rest.find('.', d1 + 1);
+      int64_t e = -1;
+      LOCUS_CHECK(d2 != std::string::npos && parse_index(rest.substr(0, d1), &e), "MoE '", name(), "': bad expert weight name '",
+                  piece, "' (expected experts.{e}.{gate_proj,up_proj,down_proj}.{weight,...})");
+      check_expert(e);
+      const std::string proj = rest.substr(d1 + 1, d2 - d1 - 1), leaf = rest.substr(d2 + 1);
+      if (proj == "gate_proj") s.gate_up[e]["gate." + leaf] = t;
+      else if (proj == "up_proj") s.gate_up[e]["up." + leaf] = t;
+      else if (proj == "down_proj") s.down[e][leaf] = t;
+      else LOCUS_THROW("MoE '", name(), "': unknown expert projection '", proj, "' in '", piece, "' (gate_proj, up_proj, down_proj)");
+    } else if (piece.rfind("shared_experts.", 0) == 0) {
+      LOCUS_CHECK(shared_, "MoE '", name(), "': '", piece, "' given but this config has no shared experts");
+      s.shared[piece.substr(15)] = t;
+    } else {
+      LOCUS_THROW("MoE '", name(), "': unknown weight '", piece,
+                  "' (expected gate.*, experts.{e}.*, experts.gate_up_proj, experts.down_proj, shared_experts.*)");
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// lifecycle
+
+void MoE::load(const std::string& piece, const Tensor& t) {
+  Split s = split_names({{piece, t}});
+  for (const auto& [k, v] : s.gate) gate_->load(k, v);
+  if (s.bias) {
+    LOCUS_CHECK(!localized_ && state() != LifecycleState::kTransformed, "MoE '", name(), "': load() after transform(); use reload()");
+    bias_ = Tensor::empty({cfg_.num_experts}, DType::kFP32, device());
+    if (s.bias->dtype() == DType::kFP32) {
+      bias_.copy_(*s.bias);
+    } else {
+      Tensor tmp = Tensor::empty({cfg_.num_experts}, DType::kFP32, s.bias->device());
+      ops::cast(*s.bias, tmp);
+      bias_.copy_(tmp);
+    }
+  }
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    for (const auto& [k, v] : s.gate_up[e]) gate_up_[e]->load(k, v);
+    for (const auto& [k, v] : s.down[e]) down_[e]->load(k, v);
+  }
+  for (const auto& [k, v] : s.shared) shared_->load(k, v);
+}
+
+void MoE::load_expert(int64_t expert, const std::string& proj, const std::string& piece, const Tensor& t) {
+  check_expert(expert);
+  load(str("experts.", expert, ".", proj, ".", piece), t);
+}
+
+void MoE::load_fused_experts(const Tensor& gate_up, const Tensor& down) {
+  Split s = split_names({{"experts.gate_up_proj", gate_up}, {"experts.down_proj", down}});  // validates both first
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    gate_up_[e]->load("weight", s.gate_up[e].at("weight"));
+    down_[e]->load("weight", s.down[e].at("weight"));
+  }
+}
+
+std::vector<std::string> MoE::missing_pieces() const {
+  std::vector<std::string> out;
+  for (const auto& m : gate_->missing_pieces()) out.push_back("gate." + m);
+  if (cfg_.correction_bias && !bias_.defined()) out.push_back("gate.e_score_correction_bias");
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    for (const auto& m : gate_up_[e]->missing_pieces()) {
+      const bool gate = m.rfind("gate", 0) == 0;
+      const size_t dot = m.find('.');
+      out.push_back(str("experts.", e, gate ? ".gate_proj." : ".up_proj.", dot == std::string::npos ? "weight" : m.substr(dot + 1)));
+    }
+    for (const auto& m : down_[e]->missing_pieces()) out.push_back(str("experts.", e, ".down_proj.", m));
+  }
+  if (shared_)
+    for (const auto& m : shared_->missing_pieces()) out.push_back("shared_experts." + m);
+  return out;
+}
+
+void MoE::transform() {
+  const auto missing = missing_pieces();
+  if (!missing.empty()) {
+    std::string m;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) m += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) m += str(" and ", missing.size() - 8, " more");
+    LOCUS_THROW("MoE '", name(), "': transform() before every weight was loaded; missing: ", m);
+  }
+  for (Module* m : children()) m->transform();
+}
+
+void MoE::localize() {
+  if (localized_) return;
+  transform();
+  for (Module* m : children()) m->localize();
+  localized_ = true;
+}
+
+void MoE::reload(const WeightMap& weights) {
+  Split s = split_names(weights);
+  // Validate every child that is reloaded before writing any.
+  if (!s.gate.empty()) gate_->check_reload(s.gate);
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    if (!s.gate_up[e].empty()) gate_up_[e]->check_reload(s.gate_up[e]);
+    if (!s.down[e].empty()) down_[e]->check_reload(s.down[e]);
+  }
+  if (!s.shared.empty()) shared_->check_reload(s.shared);
+  if (!s.gate.empty()) gate_->reload(s.gate);
+  if (s.bias) {
+    if (!bias_.defined()) bias_ = Tensor::empty({cfg_.num_experts}, DType::kFP32, device());
+    Tensor src = *s.bias;
+    if (src.dtype() != DType::kFP32) {
+      Tensor tmp = Tensor::empty({cfg_.num_experts}, DType::kFP32, src.device());
+      ops::cast(src, tmp);
+      src = tmp;
+    }
+    bias_.copy_(src);
+  }
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    if (!s.gate_up[e].empty()) gate_up_[e]->reload(s.gate_up[e]);
+    if (!s.down[e].empty()) down_[e]->reload(s.down[e]);
+  }
+  if (!s.shared.empty()) shared_->reload(s.shared);
+}
+
+void MoE::rebuild() {
+  for (Module* m : children()) m->rebuild();
+}
+
+MemoryUsage MoE::memory() const {
+  MemoryUsage m;
+  for (Module* c : children()) m += c->memory();
+  m.add(bias_);
+  return m;
+}
+
+void MoE::collect_plans(std::vector<PlanRecord>* out) const {
+  gate_->collect_plans(out);
+  out->push_back({experts_plan_.module, "moe", experts_plan_});
+  if (shared_) shared_->collect_plans(out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward
+
+void MoE::route(const Tensor& x, const Tensor& weights, const Tensor& ids, const Stream& stream) const {
+  LOCUS_CHECK(x.dim() == 2 && x.size(1) == cfg_.hidden_size, "MoE '", name(), "': x must be [T, ", cfg_.hidden_size,
+              "], got ", x.describe());
+  Tensor logits = Tensor::empty({x.size(0), cfg_.num_experts}, DType::kFP32, x.device());
+  gate_->forward(x, logits, stream);
+  ops::moe_route(logits, bias_, routing_config(), weights, ids, stream);
+}
+
+void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const {
+  const LifecycleState st = state();
+  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized, "MoE '", name(),
+              "': forward() in state ", lifecycle_state_name(st), " (load every weight and call transform() first)");
+  LOCUS_CHECK(y.dim() == 2 && x.dim() == 2 && y.size(0) == x.size(0) && y.size(1) == cfg_.hidden_size, "MoE '", name(),
+              "': y must be [", x.dim() == 2 ? x.size(0) : -1, ", ", cfg_.hidden_size, "], got ", y.describe());
+  const int64_t T = x.size(0), K = cfg_.top_k, E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  if (T == 0) return;
+  Tensor w = Tensor::empty({T, K}, DType::kFP32, x.device());
+  Tensor ids = Tensor::empty({T, K}, DType::kI32, x.device());
+  route(x, w, ids, stream);
+
+  // Group the (token, slot) pairs by expert: rows[r] = token of gathered row r, slot[t, j] = its row.
+  // The grouping is planned on the host (one small copy of the ids on a GPU).
+  Tensor ids_h = ids.device().is_cpu() ? ids : ids.to(Device::cpu());
+  const int32_t* id = ids_h.data<int32_t>();
+  std::vector<int64_t> offset(E + 1, 0);
+  for (int64_t i = 0; i < T * K; ++i) ++offset[id[i] + 1];
+  for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
+  Tensor rows_h = Tensor::empty({T * K}, DType::kI32), slot_h = Tensor::empty({T, K}, DType::kI32);
+  {
+    std::vector<int64_t> next(offset.begin(), offset.end() - 1);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t r = next[id[t * K + j]]++;
+        rows_h.data<int32_t>()[r] = static_cast<int32_t>(t);
+        slot_h.data<int32_t>()[t * K + j] = static_cast<int32_t>(r);
+      }
+  }
+  Tensor rows = x.device().is_cpu() ? rows_h : rows_h.to(x.device());
+  Tensor slot = x.device().is_cpu() ? slot_h : slot_h.to(x.device());
+
+  const int64_t R = T * K;
+  Tensor xg = Tensor::empty({R, H}, DType::kBF16, x.device());
+  ops::moe_gather(x, rows, xg, stream);
+  Tensor hg = Tensor::empty({R, I}, DType::kBF16, x.device());
+  Tensor og = Tensor::empty({R, H}, DType::kFP32, x.device());
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (offset[e + 1] > offset[e]) active.push_back(e);
+  auto rows_of = [&](const Tensor& t, int64_t e) { return t.slice(0, offset[e], offset[e + 1]); };
+
+  if (experts_partitioned()) {
+    // One fork/join per stage; inside, partition p runs its slice of every active expert.
+    const int P = experts_plan_.layout.num_partitions();
+    const auto streams = ctx_.runtime->partition_streams(P);
+    ops::run_partitioned(stream, streams, [&](int p) {
+      for (int64_t e : active) gate_up_[e]->forward_partition(p, rows_of(xg, e), rows_of(hg, e), streams[p]);
+    });
+    ops::run_partitioned(stream, streams, [&](int p) {
+      for (int64_t e : active) down_[e]->forward_partition(p, rows_of(hg, e), rows_of(og, e), streams[p]);
+    });
+  } else {
+    for (int64_t e : active) gate_up_[e]->forward(rows_of(xg, e), rows_of(hg, e), stream);
+    for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
+  }
+
+  Tensor shared;
+  if (shared_) {
+    shared = Tensor::empty({T, H}, DType::kBF16, x.device());
+    shared_->forward(x, shared, stream);
+  }
+  ops::moe_combine(og, slot, w, shared, y, stream);
+}
+
+}  // namespace locus::modules

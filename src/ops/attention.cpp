@@ -1,0 +1,54 @@
+// ops::mla_attention: operand validation and backend dispatch.
+#include "ops/attention.h"
+
+#include "backends/cpu/attention.h"
+#include "core/tensor_checks.h"
+
+namespace locus::ops {
+namespace {
+
+void check_operand(const char* name, const Tensor& t, int64_t rows, int64_t heads, int64_t dim, bool may_share_head,
+                   const Tensor& ref) {
+  const char* op = "mla_attention";
+  checks::rank(op, name, t, 3);
+  checks::dtype(op, name, t, {DType::kBF16, DType::kFP32});
+  checks::same_device(op, name, t, "q_a", ref);
+  checks::unit_last_stride(op, name, t);
+  if (rows >= 0) checks::size(op, name, t, 0, rows, "rows");
+  const int64_t h = t.size(1);
+  LOCUS_CHECK(h == heads || (may_share_head && h == 1), op, ": ", name, " has ", h, " heads but ", heads,
+              may_share_head ? " (or 1, shared by all query heads)" : "", " are required (", name, " is ",
+              t.describe(), ")");
+  checks::size(op, name, t, 2, dim, "head dim");
+}
+
+}  // namespace
+
+void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
+                   const Tensor& out, float scale, int64_t q_start, const Stream& stream) {
+  const char* op = "mla_attention";
+  checks::rank(op, "q_a", q_a, 3);
+  const int64_t T = q_a.size(0), H = q_a.size(1), Da = q_a.size(2);
+  checks::rank(op, "q_b", q_b, 3);
+  checks::rank(op, "k_a", k_a, 3);
+  checks::rank(op, "v", v, 3);
+  const int64_t Db = q_b.size(2), S = k_a.size(0), Dv = v.size(2);
+  check_operand("q_a", q_a, T, H, Da, false, q_a);
+  check_operand("q_b", q_b, T, H, Db, false, q_a);
+  check_operand("k_a", k_a, S, H, Da, true, q_a);
+  check_operand("k_b", k_b, S, H, Db, true, q_a);
+  check_operand("v", v, S, H, Dv, true, q_a);
+  check_operand("out", out, T, H, Dv, false, q_a);
+  LOCUS_CHECK(q_start >= 0, op, ": q_start must be >= 0, got ", q_start);
+  LOCUS_CHECK(S >= q_start + T, op, ": ", S, " keys cannot hold q_start ", q_start, " + ", T,
+              " query tokens (causal attention needs S >= q_start + T)");
+  for (const Tensor* in : {&q_a, &q_b, &k_a, &k_b, &v}) checks::no_overlap(op, "out", out, "an input", *in);
+  if (T == 0) return;
+  if (q_a.device().is_cpu()) {
+    cpu::mla_attention(q_a, q_b, k_a, k_b, v, out, scale, q_start, cpu::ThreadPool::from_native(stream.native));
+    return;
+  }
+  LOCUS_THROW(op, ": no kernel for device ", q_a.device().name(), " in this build (CPU only so far)");
+}
+
+}  // namespace locus::ops
