@@ -17,13 +17,16 @@ struct RopeConfig {
 
 struct RopeTable {
   Tensor cos, sin;            // fp32 [max_positions, dim / 2], already multiplied by the YaRN cos/sin mscale
-  double softmax_mscale = 1;  // factor for the attention softmax scale (YaRN mscale(factor, mscale_all_dim))
+  // YaRN mscale(factor, mscale_all_dim) (1 when mscale_all_dim is 0 or YaRN is off). As in
+  // transformers' DeepseekV3Attention the softmax scale is qk_head_dim^-0.5 * softmax_mscale^2.
+  double softmax_mscale = 1;
   int64_t dim = 0;
 };
 
 RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions);
 
-// In place on x [T, H, dim] (last dim unit stride; any other strides), positions i32/i64 [T].
+// In place on x [T, H, dim] or [T, dim] (last dim unit stride; any other strides), positions
+// i32/i64 [T] within the table. fp32 math, one rounding per element.
 // interleaved = true rotates pairs (2i, 2i+1) (DeepSeek MLA); false rotates (i, i + dim/2).
 void apply_rope(const Tensor& x, const Tensor& positions, const RopeTable& table, bool interleaved,
                 const Stream& stream = {});

@@ -1,0 +1,161 @@
+// NVFP4 on the CPU: ModelOpt-exact quantization, dequantization, and the weight-only NVFP4 x
+// BF16 GEMM (weights dequantized per panel into fp32, then the shared deterministic dot kernel).
+#include <array>
+#include <cmath>
+
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/dot_driver.h"
+#include "backends/cpu/elem_access.h"
+#include "backends/cpu/pack.h"
+
+namespace locus::cpu {
+namespace {
+
+constexpr int64_t kBlock = 16;  // elements per e4m3 scale
+
+// ModelOpt's _cast_fp4: round to nearest even with saturation, the sign bit from (v < 0) so that
+// -0.0 becomes code 0, and NaN (0/0 in an underflowed block) sorting past every bound (code 7).
+uint8_t modelopt_e2m1(float v) {
+  if (std::isnan(v)) return 7;
+  if (v == 0.f) return 0;
+  return f32_to_e2m1(v);
+}
+
+// byte -> (value of the low nibble, value of the high nibble)
+const std::array<std::array<float, 2>, 256>& pair_table() {
+  static const auto t = [] {
+    std::array<std::array<float, 2>, 256> r{};
+    for (int b = 0; b < 256; ++b) r[b] = {e2m1_to_f32(static_cast<uint8_t>(b & 0xF)), e2m1_to_f32(static_cast<uint8_t>(b >> 4))};
+    return r;
+  }();
+  return t;
+}
+
+template <int RowsPerCol>
+struct Nvfp4Rows {
+  using Elem = float;
+  static constexpr int kRowsPerCol = RowsPerCol;
+  const ops::Nvfp4Weight* w;
+  int64_t half;
+  void rows(int64_t, int64_t j0, int64_t nj, const float** p, std::vector<float>& scratch) const {
+    const int64_t k = w->k;
+    scratch.resize(static_cast<size_t>(nj * RowsPerCol * k));
+    nvfp4_dequantize_rows(*w, j0, nj, scratch.data());
+    if (RowsPerCol == 2) nvfp4_dequantize_rows(*w, half + j0, nj, scratch.data() + nj * k);
+    for (int64_t r = 0; r < nj * RowsPerCol; ++r) p[r] = scratch.data() + r * k;
+  }
+};
+
+}  // namespace
+
+float nvfp4_global_scale_for(const Tensor& w) {
+  const int64_t rows = detail::num_rows(w), k = w.dim() == 0 ? 1 : w.size(-1);
+  float amax = 0.f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t off = detail::row_offset(w, r);
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(detail::load_f32(w.data_ptr(), w.dtype(), off + c)));
+  }
+  if (amax == 0.f) return 1.f;
+  return amax / (6.0f * 448.0f);
+}
+
+ops::Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale, ThreadPool& pool) {
+  const int64_t n = w.size(0), k = w.size(1);
+  ops::Nvfp4Weight q;
+  q.n = n;
+  q.k = k;
+  q.global_scale = global_scale;
+  q.layout = ops::Nvfp4Layout::kLinear;
+  q.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
+  q.scales = Tensor::empty({n, k / kBlock}, DType::kFP8E4M3);
+  uint8_t* packed = q.packed.data<uint8_t>();
+  uint8_t* scales = q.scales.data<uint8_t>();
+  const float six_g = 6.0f * global_scale;  // ModelOpt: per_block_amax / (6.0 * weight_scale_2)
+  pool.parallel_for(n, 1, [&](int64_t r0, int64_t r1) {
+    float v[kBlock];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t off = w.stride(0) * r;
+      for (int64_t b = 0; b < k / kBlock; ++b) {
+        float amax = 0.f;
+        for (int64_t e = 0; e < kBlock; ++e) {
+          v[e] = detail::load_f32(w.data_ptr(), w.dtype(), off + (b * kBlock + e) * w.stride(1));
+          amax = std::max(amax, std::fabs(v[e]));
+        }
+        float s = amax / six_g;
+        if (s == 0.f) s = 1.f;
+        const uint8_t code = f32_to_e4m3(s);
+        scales[r * (k / kBlock) + b] = code;
+        const float d = e4m3_to_f32(code) * global_scale;
+        for (int64_t e = 0; e < kBlock; e += 2) {
+          const uint8_t lo = modelopt_e2m1(v[e] / d), hi = modelopt_e2m1(v[e + 1] / d);
+          packed[r * (k / 2) + (b * kBlock + e) / 2] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+    }
+  });
+  return q;
+}
+
+void nvfp4_dequantize_rows(const ops::Nvfp4Weight& w, int64_t n0, int64_t rows, float* out) {
+  const auto& lut = pair_table();
+  const int64_t k = w.k;
+  const uint8_t* packed = w.packed.data<uint8_t>();
+  const uint8_t* scales = w.scales.data<uint8_t>();
+  const int64_t lp = w.packed.stride(0), ls = w.scales.stride(0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* pr = packed + (n0 + r) * lp;
+    const uint8_t* sr = scales + (n0 + r) * ls;
+    float* o = out + r * k;
+    for (int64_t b = 0; b < k / kBlock; ++b) {
+      const float d = e4m3_to_f32(sr[b]) * w.global_scale;  // ModelOpt: scale * weight_scale_2 first
+      for (int64_t e = 0; e < kBlock / 2; ++e) {
+        const auto& pair = lut[pr[b * (kBlock / 2) + e]];
+        o[b * kBlock + 2 * e] = pair[0] * d;
+        o[b * kBlock + 2 * e + 1] = pair[1] * d;
+      }
+    }
+  }
+}
+
+Tensor nvfp4_dequantize(const ops::Nvfp4Weight& w, ThreadPool& pool) {
+  Tensor out = Tensor::empty({w.n, w.k}, DType::kFP32);
+  float* o = out.data<float>();
+  pool.parallel_for(w.n, 1, [&](int64_t r0, int64_t r1) { nvfp4_dequantize_rows(w, r0, r1 - r0, o + r0 * w.k); });
+  return out;
+}
+
+void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, ThreadPool& pool) {
+  const int64_t m = x.size(0), k = x.size(1), n = w.n;
+  std::vector<float> xf = detail::pack_rows_f32(x, pool);
+  std::vector<float> bf;
+  if (bias.defined()) bf = detail::pack_rows_f32(bias, pool);
+  const float* bp = bf.empty() ? nullptr : bf.data();
+  const detail::OutRows out(y);
+  detail::run_dot_panels(
+      1, m, n, k, {xf.data(), k, 0}, Nvfp4Rows<1>{&w, 0},
+      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
+        for (int64_t i = 0; i < mb; ++i)
+          for (int64_t c = 0; c < nj; ++c) {
+            float v = res[i * ldr + c];
+            if (bp) v += bp[j0 + c];
+            out.store(m0 + i, j0 + c, v);
+          }
+      },
+      pool);
+}
+
+void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, ThreadPool& pool) {
+  const int64_t m = x.size(0), k = x.size(1), inter = w.n / 2;
+  std::vector<float> xf = detail::pack_rows_f32(x, pool);
+  const detail::OutRows out(y);
+  detail::run_dot_panels(
+      1, m, inter, k, {xf.data(), k, 0}, Nvfp4Rows<2>{&w, inter},
+      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
+        for (int64_t i = 0; i < mb; ++i)
+          for (int64_t c = 0; c < nj; ++c)
+            out.store(m0 + i, j0 + c, detail::silu_mul(res[i * ldr + c], res[i * ldr + nj + c]));
+      },
+      pool);
+}
+
+}  // namespace locus::cpu

@@ -1,0 +1,107 @@
+// Dispatch and validation for RMSNorm and the element-wise helpers (ops/norm.h).
+#include "ops/norm.h"
+
+#include <cmath>
+
+#include "backends/cpu/cpu_ops.h"
+#include "core/tensor_checks.h"
+
+namespace locus::ops {
+namespace {
+
+// These ops have no CUDA kernel in cuda_ops.h yet.
+void require_cpu(const char* op, const Tensor& t) {
+  LOCUS_CHECK(t.device().is_cpu(), "op ", op, " has no CUDA implementation (tensor on ", t.device().name(), ")");
+}
+
+void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
+  LOCUS_CHECK(t.shape() == ref.shape(), op, ": ", name, " has shape ", t.shape_str(), " but ", ref_name, " has ",
+              ref.shape_str());
+}
+
+// y may be exactly a (same view) but must not partially overlap any input.
+void check_alias(const char* op, const Tensor& y, const char* name, const Tensor& in, bool exact_alias_ok) {
+  if (!checks::may_overlap(y, in)) return;
+  const bool same_view = y.data_ptr() == in.data_ptr() && y.strides() == in.strides() && y.dtype() == in.dtype();
+  LOCUS_CHECK(exact_alias_ok && same_view, op, ": output y overlaps input ", name,
+              exact_alias_ok ? " without being the same view" : "");
+}
+
+constexpr std::initializer_list<DType> kFloatTypes = {DType::kBF16, DType::kFP32, DType::kFP16};
+
+}  // namespace
+
+void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream) {
+  const char* op = "rmsnorm";
+  checks::defined(op, "x", x);
+  checks::defined(op, "y", y);
+  LOCUS_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
+  checks::dtype(op, "x", x, {DType::kBF16, DType::kFP32});
+  checks::dtype(op, "y", y, {DType::kBF16, DType::kFP32});
+  checks::rank(op, "weight", weight, 1);
+  checks::dtype(op, "weight", weight, {DType::kBF16, DType::kFP32});
+  LOCUS_CHECK(weight.size(0) == x.size(-1), op, ": weight has ", weight.size(0), " elements but x has H=", x.size(-1));
+  check_same_shape(op, "y", y, "x", x);
+  checks::unit_last_stride(op, "x", x);
+  checks::unit_last_stride(op, "y", y);
+  checks::same_device(op, "weight", weight, "x", x);
+  checks::same_device(op, "y", y, "x", x);
+  LOCUS_CHECK(std::isfinite(eps) && eps >= 0.f, op, ": eps must be finite and >= 0, got ", eps);
+  check_alias(op, y, "x", x, true);
+  check_alias(op, y, "weight", weight, false);
+  require_cpu(op, x);
+  cpu::rmsnorm(x, weight, eps, y, cpu::ThreadPool::from_native(stream.native));
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream) {
+  const char* op = "add";
+  checks::dtype(op, "a", a, {DType::kBF16, DType::kFP32});
+  checks::dtype(op, "b", b, {DType::kBF16, DType::kFP32});
+  checks::dtype(op, "y", y, {DType::kBF16, DType::kFP32});
+  check_same_shape(op, "b", b, "a", a);
+  check_same_shape(op, "y", y, "a", a);
+  checks::same_device(op, "b", b, "a", a);
+  checks::same_device(op, "y", y, "a", a);
+  check_alias(op, y, "a", a, true);
+  check_alias(op, y, "b", b, true);
+  require_cpu(op, a);
+  cpu::add(a, b, y, cpu::ThreadPool::from_native(stream.native));
+}
+
+void cast(const Tensor& x, const Tensor& y, const Stream& stream) {
+  const char* op = "cast";
+  checks::dtype(op, "x", x, kFloatTypes);
+  checks::dtype(op, "y", y, kFloatTypes);
+  check_same_shape(op, "y", y, "x", x);
+  checks::same_device(op, "y", y, "x", x);
+  check_alias(op, y, "x", x, false);
+  require_cpu(op, x);
+  cpu::cast(x, y, cpu::ThreadPool::from_native(stream.native));
+}
+
+void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, const Stream& stream) {
+  const char* op = "embedding";
+  checks::rank(op, "table", table, 2);
+  checks::dtype(op, "table", table, kFloatTypes);
+  checks::rank(op, "ids", ids, 1);
+  checks::dtype(op, "ids", ids, {DType::kI32, DType::kI64});
+  checks::rank(op, "y", y, 2);
+  checks::dtype(op, "y", y, kFloatTypes);
+  LOCUS_CHECK(y.size(0) == ids.size(0) && y.size(1) == table.size(1), op, ": y has shape ", y.shape_str(),
+              " but ", ids.size(0), " ids of a table with H=", table.size(1), " give [", ids.size(0), ", ",
+              table.size(1), "]");
+  checks::unit_last_stride(op, "table", table);
+  checks::unit_last_stride(op, "y", y);
+  checks::same_device(op, "ids", ids, "table", table);
+  checks::same_device(op, "y", y, "table", table);
+  check_alias(op, y, "table", table, false);
+  require_cpu(op, table);
+  for (int64_t t = 0; t < ids.size(0); ++t) {
+    const int64_t id = cpu::load_index(ids, t);
+    LOCUS_CHECK(id >= 0 && id < table.size(0), op, ": ids[", t, "] = ", id, " is out of range for a table of ",
+                table.size(0), " rows");
+  }
+  cpu::embedding(table, ids, y, cpu::ThreadPool::from_native(stream.native));
+}
+
+}  // namespace locus::ops
