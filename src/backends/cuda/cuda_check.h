@@ -1,0 +1,26 @@
+// Internal to the CUDA backend: error checks that turn CUDA / cuBLAS / driver failures into
+// locus::Error with the call, the error name and its description.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+
+#define LOCUS_CUDA_CHECK(call)                                                                  \
+  do {                                                                                          \
+    cudaError_t locus_err_ = (call);                                                            \
+    if (locus_err_ != cudaSuccess) {                                                            \
+      LOCUS_THROW("CUDA call ", #call, " failed: ", cudaGetErrorName(locus_err_), " (",         \
+                  cudaGetErrorString(locus_err_), ")");                                         \
+    }                                                                                           \
+  } while (0)
+
+// After a kernel launch: launch-configuration errors surface here.
+#define LOCUS_CUDA_CHECK_LAUNCH(what) LOCUS_CUDA_CHECK_NAMED(cudaGetLastError(), what)
+#define LOCUS_CUDA_CHECK_NAMED(call, what)                                                      \
+  do {                                                                                          \
+    cudaError_t locus_err_ = (call);                                                            \
+    if (locus_err_ != cudaSuccess) {                                                            \
+      LOCUS_THROW(what, " failed: ", cudaGetErrorName(locus_err_), " (",                        \
+                  cudaGetErrorString(locus_err_), ")");                                         \
+    }                                                                                           \
+  } while (0)

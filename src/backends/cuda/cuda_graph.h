@@ -1,0 +1,39 @@
+// CUDA graph capture and replay around a stream (cudaStream_t as void*), for the executor, the
+// tests and the benchmarks. Capture uses cudaStreamCaptureModeThreadLocal so that other threads'
+// CUDA calls are not affected; fork/join to other streams (fork_streams) joins them to the capture.
+// No CUDA header is included here.
+#pragma once
+
+namespace locus::cuda {
+
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+
+  // Starts capturing the work queued on `stream`. Throws when a capture is already running there.
+  void begin_capture(void* stream);
+  // Ends the capture and instantiates the graph (throws with the reason when capture broke).
+  void end_capture();
+  // Replays the graph on `stream` (asynchronous).
+  void replay(void* stream) const;
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  void reset();
+  void* capture_stream_ = nullptr;
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
+// True when `stream` is being captured.
+bool stream_is_capturing(void* stream);
+
+// Waits for all work on the device (every stream).
+void device_synchronize(int device_index = 0);
+
+}  // namespace locus::cuda

@@ -1,0 +1,69 @@
+// Small kernels of the CUDA backend: SwiGLU, dtype conversion, the %smid probe.
+#include <cuda_bf16.h>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+__device__ __forceinline__ float load_f(const void* p, int64_t idx, bool f32) {
+  if (f32) return static_cast<const float*>(p)[idx];
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[idx]);
+}
+
+__global__ void swiglu_kernel(SwigluArgs a) {
+  const int64_t total = a.m * a.i;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / a.i, c = e % a.i;
+    const float g = load_f(a.gate, r * a.gate_ld + c, a.in_f32);
+    const float u = load_f(a.up, r * a.up_ld + c, a.in_f32);
+    const float v = g / (1.f + __expf(-g)) * u;
+    if (a.out_f32) static_cast<float*>(a.y)[r * a.y_ld + c] = v;
+    else static_cast<__nv_bfloat16*>(a.y)[r * a.y_ld + c] = __float2bfloat16_rn(v);
+  }
+}
+
+__global__ void bf16_to_f32_kernel(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[e] = __uint_as_float(static_cast<uint32_t>(src[e]) << 16);
+}
+
+__global__ void smid_probe_kernel(unsigned* seen) {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  // Hold the SM for ~20 us so that the blocks spread over every SM the stream may use.
+  const long long t0 = clock64();
+  while (clock64() - t0 < 40000) {
+  }
+  if (threadIdx.x == 0 && smid < 1024) seen[smid] = 1;
+}
+
+int grid_for(int64_t n, int threads) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 4096) blocks = 4096;
+  return static_cast<int>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace
+
+void launch_swiglu(const SwigluArgs& a, cudaStream_t stream) {
+  if (a.m == 0 || a.i == 0) return;
+  swiglu_kernel<<<grid_for(a.m * a.i, 256), 256, 0, stream>>>(a);
+  LOCUS_CUDA_CHECK_LAUNCH("swiglu kernel launch");
+}
+
+void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, dst, n);
+  LOCUS_CUDA_CHECK_LAUNCH("bf16->fp32 conversion kernel launch");
+}
+
+void launch_smid_probe(unsigned* seen, int blocks, cudaStream_t stream) {
+  smid_probe_kernel<<<blocks, 32, 0, stream>>>(seen);
+  LOCUS_CUDA_CHECK_LAUNCH("%smid probe kernel launch");
+}
+
+}  // namespace locus::cuda::detail

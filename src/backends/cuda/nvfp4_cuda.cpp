@@ -1,0 +1,251 @@
+// NVFP4 on CUDA: nvfp4_prepare (the load-time shuffle into kCudaTiled, nvfp4_layout.h), the
+// in-place reload, and the checked entry points of the weight-only GEMM.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/cuda/cublaslt_matmul.h"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_layout.h"
+#include "core/float_convert.h"
+
+namespace locus::cuda {
+namespace {
+
+using namespace detail;
+
+struct HostTiled {
+  std::vector<uint8_t> packed;  // N16 * K64 / 2
+  std::vector<uint8_t> scales;  // N16 * K64 / 16 + 16 (global scale at the end)
+  int64_t n16 = 0, k64 = 0;
+};
+
+// Re-encodes one e4m3 scale byte (nvfp4_layout.h); returns false for a zero scale.
+bool encode_scale(uint8_t e4m3, uint8_t* code, int64_t row, int64_t block) {
+  const float v = e4m3_to_f32(e4m3);
+  LOCUS_CHECK(std::isfinite(v) && v >= 0.f, "nvfp4_prepare: block scale at row ", row, ", block ", block,
+              " is not a finite non-negative e4m3 value (byte 0x", std::hex, static_cast<int>(e4m3), ")");
+  if (v == 0.f) {
+    *code = 0;
+    return false;
+  }
+  int e = 0;
+  const float frac = std::frexp(v, &e);  // v = frac * 2^e, frac in [0.5, 1)
+  const int exp = e - 1;                  // v = 2^exp * (1 + m/8)
+  const int m = static_cast<int>(std::lround((frac * 2.f - 1.f) * 8.f));
+  LOCUS_CHECK(exp >= -kNvfp4ScaleExpBias && exp <= 8 && m >= 0 && m < 8 &&
+                  std::ldexp(1.f + m / 8.f, exp) == v,
+              "nvfp4_prepare: cannot re-encode block scale ", v);
+  *code = static_cast<uint8_t>(((exp + kNvfp4ScaleExpBias) << 3) | m);
+  return true;
+}
+
+HostTiled shuffle(const ops::Nvfp4Weight& w) {
+  LOCUS_CHECK(w.layout == ops::Nvfp4Layout::kLinear, "nvfp4_prepare: expected a kLinear (checkpoint) weight");
+  LOCUS_CHECK(w.n > 0 && w.k > 0 && w.k % 16 == 0, "nvfp4_prepare: K must be a positive multiple of 16, got N=", w.n,
+              " K=", w.k);
+  Tensor packed = w.packed.device().is_cpu() ? w.packed : w.packed.to(Device::cpu());
+  Tensor scales = w.scales.device().is_cpu() ? w.scales : w.scales.to(Device::cpu());
+  LOCUS_CHECK((packed.dtype() == DType::kFP4E2M1x2 || packed.dtype() == DType::kU8) && packed.dim() == 2 &&
+                  packed.size(0) == w.n && packed.size(1) == w.k / 2 && packed.stride(1) == 1,
+              "nvfp4_prepare: packed must be fp4x2/u8 [", w.n, ", ", w.k / 2, "], got ", packed.describe());
+  LOCUS_CHECK((scales.dtype() == DType::kFP8E4M3 || scales.dtype() == DType::kU8) && scales.dim() == 2 &&
+                  scales.size(0) == w.n && scales.size(1) == w.k / 16 && scales.stride(1) == 1,
+              "nvfp4_prepare: scales must be e4m3 [", w.n, ", ", w.k / 16, "], got ", scales.describe());
+  LOCUS_CHECK(std::isfinite(w.global_scale), "nvfp4_prepare: global scale is not finite");
+  HostTiled h;
+  h.n16 = nvfp4_padded_rows(w.n);
+  h.k64 = nvfp4_padded_k(w.k);
+  const int64_t C = h.k64 / kNvfp4ChunkK;
+  h.packed.assign(static_cast<size_t>(h.n16 * h.k64 / 2), 0);
+  h.scales.assign(static_cast<size_t>(h.n16 * h.k64 / 16 + 16), 0);
+  const uint8_t* q = packed.data<uint8_t>();
+  const uint8_t* s = scales.data<uint8_t>();
+  const int64_t qld = packed.stride(0), sld = scales.stride(0);
+  for (int64_t rt = 0; rt < h.n16 / 16; ++rt) {
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t tile = rt * C + c;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const int64_t kb = c * 64 + 16 * t;  // the lane's scale block
+        uint8_t* out = &h.packed[static_cast<size_t>((tile * 32 + lane) * 16)];
+        for (int half = 0; half < 2; ++half) {  // row g, row g + 8
+          const int64_t row = rt * 16 + g + 8 * half;
+          if (row >= w.n || kb >= w.k) continue;
+          uint8_t code = 0;
+          const bool nonzero = encode_scale(s[row * sld + kb / 16], &code, row, kb / 16);
+          h.scales[static_cast<size_t>((tile * 32 + lane) * 2 + half)] = code;
+          if (!nonzero) continue;
+          uint32_t words[2] = {0, 0};
+          for (int j = 0; j < 16; ++j) {
+            const int64_t k = kb + j;
+            const uint8_t byte = q[row * qld + k / 2];
+            const uint32_t nib = (k % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+            const int jj = j % 8, p = jj / 2;
+            const int shift = (jj % 2 == 0) ? 4 * p : 16 + 4 * p;
+            words[j / 8] |= nib << shift;
+          }
+          std::memcpy(out + 8 * half, words, 8);
+        }
+      }
+    }
+  }
+  std::memcpy(&h.scales[static_cast<size_t>(h.n16 * h.k64 / 16)], &w.global_scale, sizeof(float));
+  return h;
+}
+
+void upload(const HostTiled& h, const ops::Nvfp4Weight& dst) {
+  // dst.scales is a view of the first N16*K64/16 bytes; the global scale follows it.
+  LOCUS_CHECK(dst.packed.is_contiguous() && dst.packed.nbytes() == h.packed.size(),
+              "nvfp4 upload: destination buffer has the wrong size");
+  LOCUS_CUDA_CHECK(cudaMemcpy(dst.packed.data_ptr(), h.packed.data(), h.packed.size(), cudaMemcpyHostToDevice));
+  LOCUS_CUDA_CHECK(cudaMemcpy(dst.scales.data_ptr(), h.scales.data(), h.scales.size(), cudaMemcpyHostToDevice));
+}
+
+void check_tiled(const ops::Nvfp4Weight& w, const char* op) {
+  LOCUS_CHECK(w.layout == ops::Nvfp4Layout::kCudaTiled, op, ": the weight must be prepared for CUDA (nvfp4_prepare)");
+  LOCUS_CHECK(w.packed.defined() && w.packed.device().is_cuda() && w.scales.defined() && w.scales.device().is_cuda(),
+              op, ": the prepared weight's tensors must be on a CUDA device");
+  LOCUS_CHECK(w.packed.numel() == nvfp4_padded_rows(w.n) * nvfp4_padded_k(w.k) / 2 &&
+                  w.scales.numel() == nvfp4_padded_rows(w.n) * nvfp4_padded_k(w.k) / 16,
+              op, ": the prepared weight's buffers do not match N=", w.n, " K=", w.k);
+}
+
+void check_x(const Tensor& x, int64_t k, const char* op) {
+  LOCUS_CHECK(x.defined() && x.device().is_cuda(), op, ": x must be on a CUDA device");
+  LOCUS_CHECK(x.dtype() == DType::kBF16 && x.is_row_major_2d() && x.size(1) == k, op, ": x must be bf16 [M, ", k,
+              "] with stride(1) == 1, got ", x.describe());
+  LOCUS_CHECK(x.stride(0) % 8 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0, op,
+              ": x rows must be 16-byte aligned (row stride ", x.stride(0), " elements)");
+}
+
+void check_y(const Tensor& y, int64_t m, int64_t n, const Tensor& x, const char* op) {
+  LOCUS_CHECK(y.defined() && y.device().is_cuda() && y.device() == x.device(), op,
+              ": y must be on the same CUDA device as x");
+  LOCUS_CHECK((y.dtype() == DType::kBF16 || y.dtype() == DType::kFP32) && y.dim() == 2 && y.stride(1) == 1 &&
+                  y.size(0) == m && y.size(1) == n && y.stride(0) >= n,
+              op, ": y must be bf16/fp32 [", m, ", ", n, "] with stride(1) == 1, got ", y.describe());
+  // Never in place: the output must not overlap the activations.
+  const auto* x0 = static_cast<const char*>(x.data_ptr());
+  const auto* x1 = x0 + ((x.size(0) - 1) * x.stride(0) + x.size(1)) * 2;
+  const auto* y0 = static_cast<const char*>(y.data_ptr());
+  const auto* y1 = y0 + ((m - 1) * y.stride(0) + n) * dtype_size(y.dtype());
+  LOCUS_CHECK(m == 0 || y1 <= x0 || x1 <= y0, op, ": y overlaps x (NVFP4 GEMM is never in place)");
+}
+
+Nvfp4GemmArgs base_args(const Tensor& x, const ops::Nvfp4Weight& w) {
+  Nvfp4GemmArgs a{};
+  a.x = x.data<uint16_t>();
+  a.x_ld = x.stride(0);
+  a.w_tiles = w.packed.data<uint8_t>();
+  a.w_scales = w.scales.data<uint16_t>();
+  a.global_scale = reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel());
+  a.k = w.k;
+  a.m = x.size(0);
+  a.k_chunks = nvfp4_padded_k(w.k) / kNvfp4ChunkK;
+  return a;
+}
+
+void set_device(int index) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+}  // namespace
+
+ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_index, int domain) {
+  HostTiled h = shuffle(linear_cpu);
+  ops::Nvfp4Weight out;
+  out.n = linear_cpu.n;
+  out.k = linear_cpu.k;
+  out.global_scale = linear_cpu.global_scale;
+  out.layout = ops::Nvfp4Layout::kCudaTiled;
+  const Device dev = Device::cuda(device_index);
+  out.packed = Tensor::empty({h.n16, h.k64 / 2}, DType::kU8, dev, domain);
+  Tensor scale_storage = Tensor::empty({static_cast<int64_t>(h.scales.size())}, DType::kU8, dev, domain);
+  out.scales = scale_storage.slice(0, 0, h.n16 * h.k64 / 16).view({h.n16, h.k64 / 16});
+  upload(h, out);
+  return out;
+}
+
+void nvfp4_prepare_into(const ops::Nvfp4Weight& linear_cpu, const ops::Nvfp4Weight& tiled) {
+  check_tiled(tiled, "nvfp4_prepare_into");
+  LOCUS_CHECK(linear_cpu.n == tiled.n && linear_cpu.k == tiled.k, "nvfp4_prepare_into: new weight [", linear_cpu.n,
+              ", ", linear_cpu.k, "] does not match the prepared one [", tiled.n, ", ", tiled.k, "]");
+  upload(shuffle(linear_cpu), tiled);
+}
+
+ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain) {
+  check_tiled(tiled, "nvfp4_clone");
+  ops::Nvfp4Weight out = tiled;
+  const Device dev = tiled.packed.device();
+  out.packed = Tensor::empty(tiled.packed.shape(), DType::kU8, dev, domain);
+  const int64_t sbytes = tiled.scales.numel();
+  Tensor scale_storage = Tensor::empty({sbytes + 16}, DType::kU8, dev, domain);
+  out.scales = scale_storage.slice(0, 0, sbytes).view(tiled.scales.shape());
+  set_device(dev.index);
+  LOCUS_CUDA_CHECK(cudaMemcpy(out.packed.data_ptr(), tiled.packed.data_ptr(), tiled.packed.nbytes(), cudaMemcpyDeviceToDevice));
+  LOCUS_CUDA_CHECK(cudaMemcpy(out.scales.data_ptr(), tiled.scales.data_ptr(), sbytes + 16, cudaMemcpyDeviceToDevice));
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+  return out;
+}
+
+void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, void* stream) {
+  check_tiled(w, "cuda::nvfp4_gemm");
+  check_x(x, w.k, "cuda::nvfp4_gemm");
+  check_y(y, x.size(0), w.n, x, "cuda::nvfp4_gemm");
+  if (bias.defined()) {
+    LOCUS_CHECK(bias.device() == x.device() && (bias.dtype() == DType::kBF16 || bias.dtype() == DType::kFP32) &&
+                    bias.dim() == 1 && bias.size(0) == w.n && bias.stride(0) == 1,
+                "cuda::nvfp4_gemm: bias must be a dense bf16/fp32 [", w.n, "] on the device, got ", bias.describe());
+  }
+  if (x.size(0) == 0) return;
+  set_device(x.device().index);
+  Nvfp4GemmArgs a = base_args(x, w);
+  a.n = w.n;
+  a.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  a.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.y_f32 = y.dtype() == DType::kFP32;
+  launch_nvfp4_gemm(a, static_cast<cudaStream_t>(stream));
+}
+
+void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, void* stream) {
+  check_tiled(w, "cuda::nvfp4_gemm_swiglu");
+  LOCUS_CHECK(w.n % 2 == 0, "cuda::nvfp4_gemm_swiglu: the fused gate/up weight needs an even row count, got ", w.n);
+  const int64_t inter = w.n / 2, m = x.size(0);
+  check_x(x, w.k, "cuda::nvfp4_gemm_swiglu");
+  check_y(y, m, inter, x, "cuda::nvfp4_gemm_swiglu");
+  if (m == 0) return;
+  set_device(x.device().index);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  Nvfp4GemmArgs a = base_args(x, w);
+  if (inter % kNvfp4TileRows == 0) {
+    // Fused: every CTA holds the gate tile and the matching up tile.
+    a.n = inter;
+    a.swiglu = true;
+    a.up_tile_offset = inter / kNvfp4TileRows;
+    a.y = y.data_ptr();
+    a.y_ld = y.stride(0);
+    a.y_f32 = y.dtype() == DType::kFP32;
+    launch_nvfp4_gemm(a, s);
+    return;
+  }
+  // Gate and up rows do not start on a 16-row tile: fp32 GEMM into scratch, then SwiGLU.
+  float* gu = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * w.n) * sizeof(float), s));
+  a.n = w.n;
+  a.y = gu;
+  a.y_ld = w.n;
+  a.y_f32 = true;
+  launch_nvfp4_gemm(a, s);
+  SwigluArgs sa{gu, gu + inter, w.n, w.n, true, y.data_ptr(), y.stride(0), y.dtype() == DType::kFP32, m, inter};
+  launch_swiglu(sa, s);
+  scratch_free(gu, s);
+}
+
+}  // namespace locus::cuda

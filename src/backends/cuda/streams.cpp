@@ -1,0 +1,131 @@
+// Fork/join across streams with a pool of timing-disabled events (capturable; stream events,
+// never green-context events, which break stream capture), and CUDA graph helpers.
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_graph.h"
+#include "backends/cuda/cuda_ops.h"
+
+namespace locus::cuda {
+namespace {
+
+// A ring of events. An event may be re-recorded once its earlier record has been waited on:
+// cudaStreamWaitEvent binds to the record that precedes it, and during capture a record/wait
+// pair only becomes a graph edge. 256 events cover any fork/join width Locus uses.
+class EventPool {
+ public:
+  cudaEvent_t next() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (events_.empty()) {
+      // Created lazily; in relaxed capture mode so that a first use inside a capture is legal.
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      LOCUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+      events_.resize(kSize);
+      cudaError_t err = cudaSuccess;
+      for (auto& e : events_)
+        if (err == cudaSuccess) err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      if (err != cudaSuccess) {
+        events_.clear();
+        LOCUS_CUDA_CHECK_NAMED(err, "creating the fork/join event pool");
+      }
+    }
+    cudaEvent_t e = events_[cursor_];
+    cursor_ = (cursor_ + 1) % kSize;
+    return e;
+  }
+
+ private:
+  static constexpr size_t kSize = 256;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> events_;
+  size_t cursor_ = 0;
+};
+
+EventPool& pool() {
+  static auto* p = new EventPool();  // never destroyed: events outlive static teardown order
+  return *p;
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+void fork_streams(void* origin, const std::vector<void*>& targets) {
+  if (targets.empty()) return;
+  cudaEvent_t e = pool().next();
+  LOCUS_CUDA_CHECK(cudaEventRecord(e, as_stream(origin)));
+  for (void* t : targets)
+    if (t != origin) LOCUS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(t), e, 0));
+}
+
+void join_streams(void* origin, const std::vector<void*>& targets) {
+  for (void* t : targets) {
+    if (t == origin) continue;
+    cudaEvent_t e = pool().next();
+    LOCUS_CUDA_CHECK(cudaEventRecord(e, as_stream(t)));
+    LOCUS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(origin), e, 0));
+  }
+}
+
+bool stream_is_capturing(void* stream) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream), &st));
+  return st == cudaStreamCaptureStatusActive;
+}
+
+void device_synchronize(int device_index) {
+  LOCUS_CUDA_CHECK(cudaSetDevice(device_index));
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+Graph::~Graph() { reset(); }
+
+Graph::Graph(Graph&& o) noexcept { *this = std::move(o); }
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    capture_stream_ = o.capture_stream_;
+    graph_ = o.graph_;
+    exec_ = o.exec_;
+    o.capture_stream_ = o.graph_ = o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+void Graph::reset() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  exec_ = graph_ = nullptr;
+}
+
+void Graph::begin_capture(void* stream) {
+  LOCUS_CHECK(stream != nullptr, "Graph::begin_capture needs a created stream, not the legacy default stream");
+  LOCUS_CHECK(!stream_is_capturing(stream), "Graph::begin_capture: the stream is already being captured");
+  reset();
+  capture_stream_ = stream;
+  LOCUS_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
+}
+
+void Graph::end_capture() {
+  LOCUS_CHECK(capture_stream_ != nullptr, "Graph::end_capture without begin_capture");
+  cudaGraph_t g = nullptr;
+  cudaError_t e = cudaStreamEndCapture(as_stream(capture_stream_), &g);
+  capture_stream_ = nullptr;
+  LOCUS_CUDA_CHECK_NAMED(e, "ending the CUDA graph capture (a stream was not joined back, or an op broke capture)");
+  graph_ = g;
+  cudaGraphExec_t ex = nullptr;
+  LOCUS_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
+  exec_ = ex;
+}
+
+void Graph::replay(void* stream) const {
+  LOCUS_CHECK(exec_ != nullptr, "Graph::replay before a successful capture");
+  LOCUS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
+}
+
+}  // namespace locus::cuda

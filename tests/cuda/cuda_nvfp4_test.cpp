@@ -1,0 +1,107 @@
+// NVFP4 weight-only GEMM (our kernel) against an fp64 dequantized reference.
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+
+struct Fp4Case {
+  int64_t m, n, k;
+  DType out;
+  int bias;
+};
+
+class CudaNvfp4 : public ::testing::TestWithParam<Fp4Case> {};
+
+TEST_P(CudaNvfp4, MatchesDequantizedReference) {
+  LOCUS_REQUIRE_GPU();
+  const Fp4Case c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << c.m << " N " << c.n << " K " << c.k);
+  ops::Nvfp4Weight w = random_nvfp4(c.n, c.k, seed);
+  Tensor x = randn({c.m, c.k}, DType::kBF16, seed + 1);
+  Tensor bias;
+  if (c.bias) bias = randn({c.n}, c.bias == 1 ? DType::kBF16 : DType::kFP32, seed + 2);
+  ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, -1);
+  EXPECT_EQ(wg.layout, ops::Nvfp4Layout::kCudaTiled);
+  Tensor y = poisoned_gpu({c.m, c.n}, c.out);
+  cuda::nvfp4_gemm(to_gpu(x), wg, bias.defined() ? to_gpu(bias) : Tensor(), y, nullptr);
+  const double tol = c.out == DType::kBF16 ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), c.n, bias)), tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaNvfp4,
+                         ::testing::Values(Fp4Case{1, 64, 64, DType::kBF16, 0}, Fp4Case{1, 40, 80, DType::kFP32, 0},
+                                           Fp4Case{5, 100, 1024, DType::kBF16, 1},
+                                           Fp4Case{8, 256, 512, DType::kFP32, 2},
+                                           Fp4Case{13, 48, 2048, DType::kFP32, 0},
+                                           Fp4Case{16, 512, 4096, DType::kBF16, 0},
+                                           Fp4Case{40, 72, 208, DType::kFP32, 1},
+                                           Fp4Case{97, 160, 320, DType::kBF16, 0}));
+
+TEST(CudaNvfp4Swiglu, FusedAndUnfusedTilings) {
+  LOCUS_REQUIRE_GPU();
+  // I = 64 takes the fused kernel (gate and up on 16-row tiles); I = 40 the fallback.
+  for (auto [m, inter, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 256}, {11, 64, 512}, {3, 40, 128}, {20, 32, 96}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " I " << inter);
+    ops::Nvfp4Weight w = random_nvfp4(2 * inter, k, seed);
+    Tensor x = randn({m, k}, DType::kBF16, seed + 1);
+    ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, -1);
+    Tensor y = poisoned_gpu({m, inter}, DType::kBF16);
+    cuda::nvfp4_gemm_swiglu(to_gpu(x), wg, y, nullptr);
+    auto ref = ref_swiglu(ref_gemm_dense(x, dequant_ref(w), 2 * inter), m, inter);
+    EXPECT_LT(rel_error(fetch(y), ref), bf16_gemm_tolerance(k));
+  }
+}
+
+TEST(CudaNvfp4, OutputSliceAndInPlaceReload) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 3, N = 96, K = 192, wide = 160, col0 = 32;
+  ops::Nvfp4Weight w = random_nvfp4(N, K, seed);
+  Tensor x = randn({M, K}, DType::kBF16, seed + 1);
+  Tensor xg = to_gpu(x);
+  ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, 0);
+  EXPECT_EQ(wg.packed.domain(), 0);
+  Tensor y = poisoned_gpu({M, wide}, DType::kFP32);
+  Tensor slice = y.slice(1, col0, col0 + N);
+  cuda::nvfp4_gemm(xg, wg, {}, slice, nullptr);
+  Tensor out = fetch(y);
+  EXPECT_LT(rel_error(out.slice(1, col0, col0 + N), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K));
+  EXPECT_TRUE(std::isnan(get(out, 0))) << "columns outside the slice must stay untouched";
+  // Reload new values into the same buffers.
+  void* before = wg.packed.data_ptr();
+  ops::Nvfp4Weight w2 = random_nvfp4(N, K, seed + 7);
+  cuda::nvfp4_prepare_into(w2, wg);
+  EXPECT_EQ(wg.packed.data_ptr(), before);
+  slice.fill_nan_();
+  cuda::nvfp4_gemm(xg, wg, {}, slice, nullptr);
+  EXPECT_LT(rel_error(fetch(slice), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
+}
+
+TEST(CudaNvfp4, BadInputsAreErrors) {
+  LOCUS_REQUIRE_GPU();
+  ops::Nvfp4Weight w = random_nvfp4(32, 64, 1);
+  EXPECT_THROW(cuda::nvfp4_gemm(Tensor::zeros({2, 64}, DType::kBF16, Device::cuda(0)), w, {},
+                                Tensor::zeros({2, 32}, DType::kBF16, Device::cuda(0)), nullptr),
+               Error);  // not prepared
+  ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, -1);
+  Tensor buf = Tensor::zeros({2, 64}, DType::kBF16, Device::cuda(0));
+  EXPECT_THROW(cuda::nvfp4_gemm(buf, wg, {}, buf.slice(1, 0, 32), nullptr), Error);  // in place over x
+  EXPECT_THROW(cuda::nvfp4_gemm(Tensor::zeros({2, 48}, DType::kBF16, Device::cuda(0)), wg, {},
+                                Tensor::zeros({2, 32}, DType::kBF16, Device::cuda(0)), nullptr),
+               Error);  // K mismatch
+  ops::Nvfp4Weight odd = random_nvfp4(8, 40, 2);
+  odd.k = 40;
+  EXPECT_THROW(cuda::nvfp4_prepare(odd, 0, -1), Error);  // K % 16 != 0
+  ops::Nvfp4Weight nan_scale = random_nvfp4(16, 64, 3);
+  nan_scale.scales.data<uint8_t>()[5] = 0x7F;
+  EXPECT_THROW(cuda::nvfp4_prepare(nan_scale, 0, -1), Error);
+}
+
+}  // namespace
+}  // namespace locus

@@ -1,0 +1,115 @@
+// Helpers for the GPU tests: skip without a device, fp64 references, random NVFP4 weights.
+#pragma once
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/cuda_device.h"
+#include "backends/cuda/cuda_graph.h"
+#include "backends/cuda/cuda_ops.h"
+#include "ops/nvfp4.h"
+#include "test_util.h"
+
+#define LOCUS_REQUIRE_GPU()                                                       \
+  do {                                                                            \
+    if (!::locus::cuda::device_available()) GTEST_SKIP() << "no CUDA device";     \
+  } while (0)
+
+namespace locus::testing {
+
+inline Tensor to_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
+
+// A poisoned device tensor (every element NaN) so that unwritten outputs fail rel_error.
+inline Tensor poisoned_gpu(const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, Device::cuda(0));
+  t.fill_nan_();
+  return t;
+}
+
+// Copies a device result back after waiting for every stream.
+inline Tensor fetch(const Tensor& t) {
+  cuda::device_synchronize(0);
+  return t.to(Device::cpu());
+}
+
+// ref[m, n] = sum_k x[m,k] w[n,k] (+ bias[n]) in fp64 from the stored (rounded) values.
+inline std::vector<double> ref_gemm(const Tensor& x, const Tensor& w, const Tensor& bias = {}) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  std::vector<double> xv = to_doubles(x), wv = to_doubles(w), bv;
+  if (bias.defined()) bv = to_doubles(bias);
+  std::vector<double> out(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = bias.defined() ? bv[n] : 0.0;
+      for (int64_t k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
+      out[m * N + n] = s;
+    }
+  return out;
+}
+
+inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+// SwiGLU over a [M, 2I] fp64 gate/up product.
+inline std::vector<double> ref_swiglu(const std::vector<double>& gu, int64_t M, int64_t I) {
+  std::vector<double> out(static_cast<size_t>(M * I));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) out[m * I + i] = silu(gu[m * 2 * I + i]) * gu[m * 2 * I + I + i];
+  return out;
+}
+
+// A random kLinear NVFP4 weight: random codes, block scales spread over e4m3's range (a few
+// zero and subnormal blocks included), a random global scale.
+inline ops::Nvfp4Weight random_nvfp4(int64_t n, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ops::Nvfp4Weight w;
+  w.n = n;
+  w.k = k;
+  w.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
+  w.scales = Tensor::empty({n, k / 16}, DType::kFP8E4M3);
+  auto* q = w.packed.data<uint8_t>();
+  for (int64_t i = 0; i < n * k / 2; ++i) q[i] = static_cast<uint8_t>(rng() & 0xFF);
+  auto* s = w.scales.data<uint8_t>();
+  std::uniform_real_distribution<double> logu(-4.0, 3.0);
+  for (int64_t i = 0; i < n * k / 16; ++i) {
+    const uint64_t r = rng() % 64;
+    if (r == 0) s[i] = 0;                                   // zero block
+    else if (r == 1) s[i] = static_cast<uint8_t>(1 + rng() % 7);  // subnormal e4m3
+    else s[i] = f32_to_e4m3(static_cast<float>(std::exp2(logu(rng))));
+  }
+  w.global_scale = static_cast<float>(std::exp2(-6.0 + (rng() % 1000) / 500.0));
+  w.layout = ops::Nvfp4Layout::kLinear;
+  return w;
+}
+
+// Dequantized rows of a kLinear weight, fp64 [N, K].
+inline std::vector<double> dequant_ref(const ops::Nvfp4Weight& w) {
+  std::vector<double> out(static_cast<size_t>(w.n * w.k));
+  const auto* q = w.packed.data<uint8_t>();
+  const auto* s = w.scales.data<uint8_t>();
+  for (int64_t n = 0; n < w.n; ++n)
+    for (int64_t k = 0; k < w.k; ++k) {
+      const uint8_t byte = q[n * (w.k / 2) + k / 2];
+      const uint8_t code = k % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+      out[n * w.k + k] = static_cast<double>(e2m1_to_f32(code)) * e4m3_to_f32(s[n * (w.k / 16) + k / 16]) *
+                         static_cast<double>(w.global_scale);
+    }
+  return out;
+}
+
+// ref = x * W^T with W given as fp64 [N, K].
+inline std::vector<double> ref_gemm_dense(const Tensor& x, const std::vector<double>& w, int64_t n,
+                                          const Tensor& bias = {}) {
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<double> xv = to_doubles(x), bv;
+  if (bias.defined()) bv = to_doubles(bias);
+  std::vector<double> out(static_cast<size_t>(M * n));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias.defined() ? bv[j] : 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += xv[m * K + k] * w[j * K + k];
+      out[m * n + j] = acc;
+    }
+  return out;
+}
+
+}  // namespace locus::testing
