@@ -146,7 +146,7 @@ MoE::Split MoE::split_names(const WeightMap& weights) const {
       const std::string rest = piece.substr(5);
       if (rest == "e_score_correction_bias") {
         check_bias(t);
-        s.bias = &t;
+        s.bias = t;
       } else {
         s.gate[rest] = t;
       }
@@ -187,14 +187,14 @@ MoE::Split MoE::split_names(const WeightMap& weights) const {
 void MoE::load(const std::string& piece, const Tensor& t) {
   Split s = split_names({{piece, t}});
   for (const auto& [k, v] : s.gate) gate_->load(k, v);
-  if (s.bias) {
+  if (s.bias.defined()) {
     LOCUS_CHECK(!localized_ && state() != LifecycleState::kTransformed, "MoE '", name(), "': load() after transform(); use reload()");
     bias_ = Tensor::empty({cfg_.num_experts}, DType::kFP32, device());
-    if (s.bias->dtype() == DType::kFP32) {
-      bias_.copy_(*s.bias);
+    if (s.bias.dtype() == DType::kFP32) {
+      bias_.copy_(s.bias);
     } else {
-      Tensor tmp = Tensor::empty({cfg_.num_experts}, DType::kFP32, s.bias->device());
-      ops::cast(*s.bias, tmp);
+      Tensor tmp = Tensor::empty({cfg_.num_experts}, DType::kFP32, s.bias.device());
+      ops::cast(s.bias, tmp);
       bias_.copy_(tmp);
     }
   }
@@ -263,9 +263,9 @@ void MoE::reload(const WeightMap& weights) {
   }
   if (!s.shared.empty()) shared_->check_reload(s.shared);
   if (!s.gate.empty()) gate_->reload(s.gate);
-  if (s.bias) {
+  if (s.bias.defined()) {
     if (!bias_.defined()) bias_ = Tensor::empty({cfg_.num_experts}, DType::kFP32, device());
-    Tensor src = *s.bias;
+    Tensor src = s.bias;
     if (src.dtype() != DType::kFP32) {
       Tensor tmp = Tensor::empty({cfg_.num_experts}, DType::kFP32, src.device());
       ops::cast(src, tmp);

@@ -84,7 +84,7 @@ class MoE : public Module {
     WeightMap gate;
     std::vector<WeightMap> gate_up, down;  // per expert
     WeightMap shared;
-    const Tensor* bias = nullptr;
+    Tensor bias;  // gate.e_score_correction_bias, when given
   };
   Split split_names(const WeightMap& weights) const;
   std::vector<Module*> children() const;
