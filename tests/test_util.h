@@ -83,10 +83,20 @@ inline double rel_error(const std::vector<double>& out, const std::vector<double
 }
 inline double rel_error(const Tensor& out, const std::vector<double>& ref) { return rel_error(to_doubles(out), ref); }
 
+// Round-to-nearest into bf16 (8 significant bits) changes a value by at most its unit roundoff
+// 2^-8 relative, so the normwise error ||round(y) - y|| / ||y|| of a bf16 output is below 2^-8.
+inline constexpr double kBf16RoundingBound = 0x1p-8;  // 3.906e-3
+
 // Relative-error bound for a BF16 product with reduction length K and fp32 accumulation:
-// rounding of the bf16 output (2^-9 relative) plus accumulated fp32 error that grows like sqrt(K).
+// - the final rounding of the bf16 output: < 2^-8 (above), covered by 4e-3;
+// - the fp32 accumulation: bf16 x bf16 products are exact in fp32 (16 significant bits), each of
+//   the K additions errs by at most 2^-24 of its partial sum, and for random-signed inputs these
+//   errors add like a random walk, so the normwise error is about 2^-24 sqrt(K) (6e-8 sqrt(K));
+//   2e-6 sqrt(K) leaves a 30x margin for other summation orders (split-K, tensor-core adders).
+// The reference must be computed in double on the same bf16 inputs (they carry no input error).
 inline double bf16_gemm_tolerance(int64_t k) { return 4e-3 + 2e-6 * std::sqrt(static_cast<double>(k)); }
-// Output rounded to fp32 instead: only the fp32 accumulation term (with margin).
+// Output rounded to fp32 instead: 2^-24 for the output plus the accumulation term, with the same
+// generous factor on the random-walk estimate.
 inline double fp32_out_gemm_tolerance(int64_t k) { return 1e-5 * std::sqrt(static_cast<double>(k)) + 1e-6; }
 
 // Bit-exact comparison of two CPU tensors of the same shape and dtype (any strides).

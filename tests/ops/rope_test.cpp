@@ -135,7 +135,7 @@ TEST(ApplyRope, InterleavedAndRotateHalfMatchFp64) {
       std::vector<double> ref = ref_rope(x, pos, table, inter);
       ops::apply_rope(x, positions, table, inter);
       // fp32 rotation, then one rounding: bf16 unit roundoff 2^-8; fp32 a few ulps.
-      EXPECT_LT(rel_error(x, ref), dt == DType::kBF16 ? 0x1p-8 : 1e-6) << inter;
+      EXPECT_LT(rel_error(x, ref), dt == DType::kBF16 ? testing::kBf16RoundingBound : 1e-6) << inter;
     }
 }
 

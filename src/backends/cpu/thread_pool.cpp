@@ -7,6 +7,17 @@
 #include "core/error.h"
 
 namespace locus::cpu {
+namespace {
+// The pool whose chunk the current thread is running, so that a nested parallel_for on the same
+// pool runs inline instead of deadlocking on run_mu_.
+thread_local const ThreadPool* tls_running_pool = nullptr;
+
+struct RunningPoolScope {
+  const ThreadPool* saved;
+  explicit RunningPoolScope(const ThreadPool* p) : saved(tls_running_pool) { tls_running_pool = p; }
+  ~RunningPoolScope() { tls_running_pool = saved; }
+};
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads) {
   LOCUS_CHECK(num_threads >= 1, "ThreadPool needs at least one thread, got ", num_threads);
@@ -35,6 +46,7 @@ void ThreadPool::worker_loop(int) {
       lock.unlock();
       int64_t b = c * job_chunk_, e = std::min(job_n_, b + job_chunk_);
       try {
+        RunningPoolScope scope(this);
         (*job_)(b, e);
       } catch (...) {
         std::lock_guard<std::mutex> g(mu_);  // note: mu_ is not held here
@@ -51,7 +63,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   grain = std::max<int64_t>(grain, 1);
   int64_t max_chunks = std::max<int64_t>(1, n / grain);
   int64_t chunks = std::min<int64_t>(max_chunks, static_cast<int64_t>(num_threads_) * 4);
-  if (num_threads_ == 1 || chunks == 1) {
+  if (num_threads_ == 1 || chunks == 1 || tls_running_pool == this) {
     fn(0, n);
     return;
   }
@@ -73,6 +85,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     lock.unlock();
     int64_t b = c * chunk, e = std::min(n, b + chunk);
     try {
+      RunningPoolScope scope(this);
       fn(b, e);
     } catch (...) {
       std::lock_guard<std::mutex> g(mu_);

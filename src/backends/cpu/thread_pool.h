@@ -23,6 +23,8 @@ class ThreadPool {
 
   // Calls fn(begin, end) over [0, n) in chunks of at least `grain` items, in parallel, and
   // returns when all are done. Exceptions thrown by fn are rethrown here (the first one).
+  // Calls from several threads are serialized; a nested call on the same pool from inside fn
+  // runs inline on the calling thread.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
   // The process-wide pool (LOCUS_NUM_THREADS or hardware concurrency threads).
