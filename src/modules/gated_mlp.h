@@ -37,7 +37,7 @@ class GatedMLP : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
-  void check_reload(const WeightMap& weights) const;  // throws as reload() would, writes nothing
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override;
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;

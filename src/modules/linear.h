@@ -68,7 +68,7 @@ class Linear : public Module {
   void reload(const WeightMap& weights) override;
   // Throws exactly as reload(weights) would, without writing anything (composites validate every
   // child before reloading any).
-  void check_reload(const WeightMap& weights) const;
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override;
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;

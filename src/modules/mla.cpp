@@ -200,30 +200,37 @@ void MLA::localize() {
   state_ = LifecycleState::kLocalized;
 }
 
-void MLA::reload(const WeightMap& weights) {
-  std::vector<std::pair<Module*, WeightMap>> per_child;
-  for (const Child& c : children()) per_child.push_back({c.module, {}});
+std::vector<WeightMap> MLA::split(const WeightMap& weights) const {
   const auto kids = children();
+  std::vector<WeightMap> per_child(kids.size());
   for (const auto& [piece, t] : weights) {
     bool found = false;
     for (size_t i = 0; i < kids.size() && !found; ++i) {
       const std::string p = kids[i].prefix;
       if (piece.rfind(p, 0) == 0) {
-        per_child[i].second[piece.substr(p.size())] = t;
+        per_child[i][piece.substr(p.size())] = t;
         found = true;
       }
     }
     LOCUS_CHECK(found, "MLA '", name(), "': unknown weight '", piece, "' in reload");
   }
-  // Validate every child that is reloaded before writing any.
-  for (auto& [m, w] : per_child) {
-    if (w.empty()) continue;
-    if (auto* lin = dynamic_cast<Linear*>(m)) lin->check_reload(w);
-    else if (auto* norm = dynamic_cast<RMSNorm*>(m)) norm->check_reload(w);
-  }
-  for (auto& [m, w] : per_child)
-    if (!w.empty()) m->reload(w);
-  const bool kv_b_changed = !per_child[kids.size() - 2].second.empty();  // kv_b_proj is second to last
+  return per_child;
+}
+
+void MLA::check_reload(const WeightMap& weights) const {
+  const auto kids = children();
+  const auto per_child = split(weights);
+  for (size_t i = 0; i < kids.size(); ++i)
+    if (!per_child[i].empty()) kids[i].module->check_reload(per_child[i]);
+}
+
+void MLA::reload(const WeightMap& weights) {
+  check_reload(weights);  // every reloaded child validated before any is written
+  const auto kids = children();
+  const auto per_child = split(weights);
+  for (size_t i = 0; i < kids.size(); ++i)
+    if (!per_child[i].empty()) kids[i].module->reload(per_child[i]);
+  const bool kv_b_changed = !per_child[kids.size() - 2].empty();  // kv_b_proj is second to last
   if (kv_b_changed && (state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized)) {
     write_absorbed(kv_b_proj_->gather_weight());  // absorbed weights rewritten in place
   }

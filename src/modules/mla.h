@@ -80,7 +80,8 @@ class MLA : public Module {
   std::vector<std::string> missing_pieces() const override;
   void transform() override;  // transforms the Linears and builds the absorbed k_b / v_b
   void localize() override;   // localizes the Linears and shards k_b / v_b over heads
-  void reload(const WeightMap& weights) override;
+  void reload(const WeightMap& weights) override;  // a subset of the children may be given
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override;    // re-derives k_b / v_b from kv_b_proj's current weight
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;
@@ -113,6 +114,7 @@ class MLA : public Module {
     Module* module;
   };
   std::vector<Child> children() const;
+  std::vector<WeightMap> split(const WeightMap& weights) const;  // per child, in children() order
   void check_plan_strict(const locality::Plan& plan, const char* what) const;
   // Writes W_UK / W_UV of a kv_b_proj weight [H*(dn+dv), dc] into k_b_ / v_b_ (full or shards).
   void write_absorbed(const Tensor& kv_b_weight);

@@ -92,6 +92,10 @@ class Module {
   virtual void transform() = 0;
   virtual void localize() = 0;
   virtual void reload(const WeightMap& weights) = 0;
+  // Throws exactly as reload(weights) would, without writing anything, so a composite can
+  // validate every child before reloading any. Every module in this folder overrides it; the
+  // default accepts everything.
+  virtual void check_reload(const WeightMap& /*weights*/) const {}
   virtual void rebuild() = 0;
   virtual MemoryUsage memory() const = 0;
   // Appends this module's (and its children's) planning decisions.

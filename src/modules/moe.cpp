@@ -253,15 +253,19 @@ void MoE::localize() {
   localized_ = true;
 }
 
-void MoE::reload(const WeightMap& weights) {
+void MoE::check_reload(const WeightMap& weights) const {
   Split s = split_names(weights);
-  // Validate every child that is reloaded before writing any.
   if (!s.gate.empty()) gate_->check_reload(s.gate);
   for (int64_t e = 0; e < cfg_.num_experts; ++e) {
     if (!s.gate_up[e].empty()) gate_up_[e]->check_reload(s.gate_up[e]);
     if (!s.down[e].empty()) down_[e]->check_reload(s.down[e]);
   }
   if (!s.shared.empty()) shared_->check_reload(s.shared);
+}
+
+void MoE::reload(const WeightMap& weights) {
+  check_reload(weights);  // every reloaded child validated before any is written
+  Split s = split_names(weights);
   if (!s.gate.empty()) gate_->reload(s.gate);
   if (s.bias.defined()) {
     if (!bias_.defined()) bias_ = Tensor::empty({cfg_.num_experts}, DType::kFP32, device());

@@ -61,7 +61,8 @@ class MoE : public Module {
   std::vector<std::string> missing_pieces() const override;
   void transform() override;
   void localize() override;
-  void reload(const WeightMap& weights) override;  // same names as load()
+  void reload(const WeightMap& weights) override;  // same names as load(); any subset
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override;
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;

@@ -107,12 +107,16 @@ void Embedding::localize() {
   state_ = LifecycleState::kLocalized;
 }
 
-void Embedding::reload(const WeightMap& weights) {
+void Embedding::check_reload(const WeightMap& weights) const {
   const std::string who = "Embedding '" + name() + "'";
   check_reload_names(who, weights);
+  check_weight(who, "weight", weights.at("weight"), {vocab_, hidden_}, {DType::kBF16});
+}
+
+void Embedding::reload(const WeightMap& weights) {
+  check_reload(weights);
   const Tensor& t = weights.at("weight");
   if (!weight_.defined()) return load("weight", t);
-  check_weight(who, "weight", t, {vocab_, hidden_}, {DType::kBF16});
   weight_.copy_(t);
 }
 

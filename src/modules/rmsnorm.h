@@ -14,7 +14,7 @@ class RMSNorm : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
-  void check_reload(const WeightMap& weights) const;  // throws as reload() would, writes nothing
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override {}
   MemoryUsage memory() const override;
 
@@ -39,6 +39,7 @@ class Embedding : public Module {
   void transform() override;
   void localize() override;
   void reload(const WeightMap& weights) override;
+  void check_reload(const WeightMap& weights) const override;
   void rebuild() override {}
   MemoryUsage memory() const override;
 
