@@ -118,3 +118,42 @@ TEST(GatedMlpTest, MissingPiecesUseCheckpointNames) {
 
 }  // namespace
 }  // namespace locus::testing
+
+namespace locus::testing {
+namespace {
+
+// NVFP4 dense MLP (as ModelOpt exports layers 0-2): reference on the dequantized weights, LD on vs off.
+TEST(GatedMlpTest, Nvfp4MatchesReferenceAndLocalityIsBitwise) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const int64_t M = 3, H = 256, I = 256;
+  MlpWeights w(H, I, seed);
+  const ops::Nvfp4Weight qg = ops::nvfp4_quantize(w.gate), qu = ops::nvfp4_quantize(w.up), qd = ops::nvfp4_quantize(w.down);
+  MlpWeights deq = w;
+  deq.gate = ops::nvfp4_dequantize(qg);
+  deq.up = ops::nvfp4_dequantize(qu);
+  deq.down = ops::nvfp4_dequantize(qd);
+  Tensor x = randn({M, H}, DType::kBF16, seed + 1);
+  Tensor y_off;
+  for (int domains : {0, 2}) {
+    SCOPED_TRACE(domains);
+    GatedMlpConfig c;
+    c.hidden_size = H;
+    c.intermediate_size = I;
+    c.quant = locality::QuantKind::kNVFP4;
+    GatedMLP mlp(make_ld(domains).ctx("model.layers.0.mlp"), c);
+    load_nvfp4(mlp, "gate_proj.", qg);
+    load_nvfp4(mlp, "up_proj.", qu);
+    load_nvfp4(mlp, "down_proj.", qd);
+    mlp.localize();
+    EXPECT_EQ(mlp.down_proj().partitioned(), domains == 2);
+    EXPECT_FALSE(mlp.uses_fused_swiglu());  // gate and up carry different global scales
+    const Tensor y = run(mlp, x);
+    EXPECT_LT(rel_error(y, ref_mlp(x, deq).v), bf16_gemm_tolerance(I));
+    if (domains == 0) y_off = y;
+    else EXPECT_TRUE(bitwise_equal(y, y_off));
+  }
+}
+
+}  // namespace
+}  // namespace locus::testing
