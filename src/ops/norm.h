@@ -6,9 +6,11 @@
 namespace locus::ops {
 
 // y[M,H] = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 (x, y bf16 or fp32; weight bf16/fp32).
+// Any rank (rows are all leading indices), unit last stride; y may be x itself. One rounding per
+// element (Hugging Face rounds x * rsqrt to the input dtype before the weight: differs by <= 1 ulp).
 void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream = {});
 
-// y = a + b, element-wise, same shape (bf16 or fp32; y may alias a).
+// y = a + b, element-wise, same shape, any strides (bf16 or fp32, mixed; fp32 math; y may be a or b).
 void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream = {});
 
 // y = x converted to y's dtype (bf16 <-> fp32 <-> fp16), same shape, any strides.

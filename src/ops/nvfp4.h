@@ -2,7 +2,8 @@
 //
 // Dequantized value: W[n,k] = e2m1(q[n,k]) * e4m3(scales[n, k/16]) * global_scale, where
 // q is packed two per byte along K (element 2i in the low nibble) and global_scale is
-// ModelOpt's `weight_scale_2` (dequant direction, amax / (6 * 448)).
+// ModelOpt's `weight_scale_2` (dequant direction, amax / (6 * 448)). In fp32 the CPU evaluates it
+// as ModelOpt does: e2m1(q) * (e4m3(scale) * global_scale), the two scales multiplied first.
 #pragma once
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -31,7 +32,9 @@ float nvfp4_global_scale_for(const Tensor& w);  // amax(|w|) / (6 * 448), 1.0 fo
 Tensor nvfp4_dequantize(const Nvfp4Weight& w);
 // Rows [n0, n1) of a kLinear weight, as views (the shard a partition owns).
 Nvfp4Weight nvfp4_rows(const Nvfp4Weight& w, int64_t n0, int64_t n1);
-// Moves a kLinear weight to `device` in the layout that device's kernel wants (identity on the CPU).
+// Moves a kLinear weight to `device` in the layout that device's kernel wants. On the CPU the
+// layout stays kLinear: a weight that owns its whole storage in `domain` is returned as is, a view
+// (e.g. an nvfp4_rows shard) or a weight of another domain is copied into `domain`'s memory.
 Nvfp4Weight nvfp4_prepare(const Nvfp4Weight& w, Device device, int domain = -1);
 
 // y[M,N] = x[M,K] * dequant(w)^T (+ bias[N]); x bf16, y bf16 or fp32 (may be a column slice).

@@ -4,6 +4,11 @@
 
 #include "core/error.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define LOCUS_HAVE_AVX2_VARIANT 1
+#endif
+
 // 256-bit vector types passed between always-inline helpers; the ABI note GCC emits for them
 // does not apply (nothing crosses a non-inlined call boundary by value).
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -15,69 +20,33 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 
-#define LOCUS_AI inline __attribute__((always_inline))
-
-LOCUS_AI v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-LOCUS_AI v8f load8(const uint16_t* p) {  // bf16 -> fp32 is exact: the bits move up by 16
-  v8h h;
-  std::memcpy(&h, p, sizeof(h));
-  v8u u = __builtin_convertvector(h, v8u) << 16;
-  return (v8f)u;  // same-size vector cast: reinterprets the bits
-}
-template <class T>
-LOCUS_AI v8f load8_tail(const T* p, int64_t r) {  // r < 8 elements, the rest zero
-  T buf[kDotLanes] = {};
-  for (int64_t i = 0; i < r; ++i) buf[i] = p[i];
-  return load8(buf);
-}
-
-template <int MR, int NR, class WT>
-LOCUS_AI void tile_body(const float* const* x, const WT* const* w, int64_t klen, float* acc, int64_t acc_ld) {
-  v8f a[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) a[i][j] = load8(acc + (i * acc_ld + j) * kDotLanes);
-  const float* xp[MR];
-  const WT* wp[NR];
-  for (int i = 0; i < MR; ++i) xp[i] = x[i];
-  for (int j = 0; j < NR; ++j) wp[j] = w[j];
-  const int64_t kfull = klen & ~static_cast<int64_t>(kDotLanes - 1);
-  for (int64_t k = 0; k < kfull; k += kDotLanes) {
-    v8f xv[MR];
-    for (int i = 0; i < MR; ++i) xv[i] = load8(xp[i] + k);
-    for (int j = 0; j < NR; ++j) {
-      v8f wv = load8(wp[j] + k);
-      for (int i = 0; i < MR; ++i) a[i][j] += xv[i] * wv;
-    }
-  }
-  if (kfull < klen) {
-    const int64_t r = klen - kfull;
-    v8f xv[MR];
-    for (int i = 0; i < MR; ++i) xv[i] = load8_tail(xp[i] + kfull, r);
-    for (int j = 0; j < NR; ++j) {
-      v8f wv = load8_tail(wp[j] + kfull, r);
-      for (int i = 0; i < MR; ++i) a[i][j] += xv[i] * wv;
-    }
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) std::memcpy(acc + (i * acc_ld + j) * kDotLanes, &a[i][j], sizeof(v8f));
-}
+namespace baseline {
+#define LOCUS_TILE_FN inline __attribute__((always_inline))
+#define LOCUS_TILE_AVX2 0
+#include "backends/cpu/dot_tile_body.inc"
+#undef LOCUS_TILE_FN
+#undef LOCUS_TILE_AVX2
+}  // namespace baseline
 
 template <int MR, int NR, class WT>
 void tile_baseline(const float* const* x, const WT* const* w, int64_t klen, float* acc, int64_t acc_ld) {
-  tile_body<MR, NR, WT>(x, w, klen, acc, acc_ld);
+  baseline::tile_body<MR, NR, WT>(x, w, klen, acc, acc_ld);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define LOCUS_HAVE_AVX2_VARIANT 1
+#if LOCUS_HAVE_AVX2_VARIANT
 // AVX2 without FMA: wider registers, the same roundings as the baseline variant.
+namespace avx2 {
+#define LOCUS_TILE_FN inline __attribute__((always_inline, target("avx2")))
+#define LOCUS_TILE_AVX2 1
+#include "backends/cpu/dot_tile_body.inc"
+#undef LOCUS_TILE_FN
+#undef LOCUS_TILE_AVX2
+}  // namespace avx2
+
 template <int MR, int NR, class WT>
 __attribute__((target("avx2"))) void tile_avx2(const float* const* x, const WT* const* w, int64_t klen, float* acc,
                                                int64_t acc_ld) {
-  tile_body<MR, NR, WT>(x, w, klen, acc, acc_ld);
+  avx2::tile_body<MR, NR, WT>(x, w, klen, acc, acc_ld);
 }
 #endif
 
