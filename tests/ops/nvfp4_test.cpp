@@ -103,6 +103,33 @@ TEST(Nvfp4Quantize, DequantizationErrorWithinHalfAGridStep) {
   for (int64_t i = 0; i < k / 2; ++i) EXPECT_EQ(q.packed.data<uint8_t>()[3 * (k / 2) + i], 0);
 }
 
+TEST(Nvfp4Dequantize, EveryByteAndScaleFollowTheDocumentedFormulaBitForBit) {
+  // 256 rows x 32 columns: row r holds byte r in all 16 positions of block 0 and byte 255 - r in
+  // block 1; scales cover normal, subnormal, zero and the largest e4m3 codes.
+  ops::Nvfp4Weight w;
+  w.n = 256;
+  w.k = 32;
+  w.global_scale = 0.0137f;
+  w.packed = Tensor::empty({256, 16}, DType::kFP4E2M1x2);
+  w.scales = Tensor::empty({256, 2}, DType::kFP8E4M3);
+  const uint8_t scale_codes[] = {0x38, 0x01, 0x00, 0x7E, 0x45, 0x07, 0x50, 0x33};
+  for (int r = 0; r < 256; ++r) {
+    for (int i = 0; i < 8; ++i) w.packed.data<uint8_t>()[r * 16 + i] = static_cast<uint8_t>(r);
+    for (int i = 8; i < 16; ++i) w.packed.data<uint8_t>()[r * 16 + i] = static_cast<uint8_t>(255 - r);
+    w.scales.data<uint8_t>()[r * 2] = scale_codes[r % 8];
+    w.scales.data<uint8_t>()[r * 2 + 1] = scale_codes[(r / 8) % 8];
+  }
+  Tensor d = ops::nvfp4_dequantize(w);
+  for (int r = 0; r < 256; ++r)
+    for (int c = 0; c < 32; ++c) {
+      const uint8_t byte = w.packed.data<uint8_t>()[r * 16 + c / 2];
+      const uint8_t code = c % 2 ? byte >> 4 : byte & 0xF;
+      const float step = e4m3_to_f32(w.scales.data<uint8_t>()[r * 2 + c / 16]) * w.global_scale;
+      const float want = e2m1_to_f32(code) * step;
+      ASSERT_EQ(f32_bits(d.data<float>()[r * 32 + c]), f32_bits(want)) << r << "," << c;
+    }
+}
+
 std::vector<double> ref_gemm_fp32w(const Tensor& x, const Tensor& wf, const Tensor& bias) {
   const int64_t m = x.size(0), k = x.size(1), n = wf.size(0);
   std::vector<double> xd = testing::to_doubles(x), wd = testing::to_doubles(wf), out(static_cast<size_t>(m * n));
