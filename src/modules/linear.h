@@ -3,9 +3,10 @@
 // Weight modes
 // - VANILLA: W [out_features, in_features].
 // - FUSED_GATE_UP: W [2I, K] holding gate rows [0, I) then up rows [I, 2I); out_features = I.
-//   forward() applies SwiGLU (y [M, I] = silu(x Wg^T) * (x Wu^T)); forward_gate_up() returns
-//   the raw [gate | up] product [M, 2I]. Partitioned, partition p holds the matching gate and
-//   up rows of its range, so SwiGLU stays local to the partition.
+//   forward() applies SwiGLU (y [M, I] = silu(x Wg^T) * (x Wu^T)) in the GEMM epilogue;
+//   forward_unfused() gives the same through an fp32 [gate | up] buffer and ops::swiglu.
+//   Partitioned, partition p holds the matching gate and up rows of its range, so SwiGLU stays
+//   local to the partition.
 // Weight formats: BF16, or NVFP4 (ModelOpt layout, weight-only; see ops/nvfp4.h).
 //
 // Pieces accepted by load()/reload() (relative names):
