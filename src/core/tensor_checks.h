@@ -63,14 +63,27 @@ inline void byte_range(const Tensor& t, const char*& lo, const char*& hi) {
   hi = base + (max_off + 1) * static_cast<int64_t>(es);
 }
 
-// True when the memory two tensors can touch overlaps (conservative: compares byte ranges).
+// Column slices of one row-major buffer (same dtype, same row stride, unit column stride) that
+// do not wrap past the row stride: disjoint column intervals mean disjoint memory.
+inline bool disjoint_column_slices(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 2 || b.dim() != 2 || a.dtype() != b.dtype()) return false;
+  const int64_t ld = a.stride(0);
+  if (ld <= 0 || b.stride(0) != ld || a.stride(1) != 1 || b.stride(1) != 1) return false;
+  const int64_t ca = a.offset() % ld, cb = b.offset() % ld;
+  if (ca + a.size(1) > ld || cb + b.size(1) > ld) return false;
+  return ca + a.size(1) <= cb || cb + b.size(1) <= ca;
+}
+
+// True when the memory two tensors can touch may overlap: exact for column slices of one
+// row-major buffer, otherwise a comparison of the byte ranges they span (conservative).
 inline bool may_overlap(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined() || a.storage() != b.storage()) return false;
   const char *alo, *ahi, *blo, *bhi;
   byte_range(a, alo, ahi);
   byte_range(b, blo, bhi);
   if (!alo || !blo) return false;
-  return alo < bhi && blo < ahi;
+  if (!(alo < bhi && blo < ahi)) return false;
+  return !disjoint_column_slices(a, b);
 }
 
 inline void no_overlap(const char* op, const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) {
