@@ -128,7 +128,9 @@ TEST(GatedMlpTest, Nvfp4MatchesReferenceAndLocalityIsBitwise) {
   SCOPED_TRACE(seed);
   const int64_t M = 3, H = 256, I = 256;
   MlpWeights w(H, I, seed);
-  const ops::Nvfp4Weight qg = ops::nvfp4_quantize(w.gate), qu = ops::nvfp4_quantize(w.up), qd = ops::nvfp4_quantize(w.down);
+  // gate and up with different global scales (random bf16 weights can share an amax by chance).
+  const ops::Nvfp4Weight qg = ops::nvfp4_quantize(w.gate), qd = ops::nvfp4_quantize(w.down);
+  const ops::Nvfp4Weight qu = ops::nvfp4_quantize(w.up, qg.global_scale * 1.5f);
   MlpWeights deq = w;
   deq.gate = ops::nvfp4_dequantize(qg);
   deq.up = ops::nvfp4_dequantize(qu);

@@ -208,7 +208,7 @@ TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
   std::vector<ops::Nvfp4Weight> qg, qu, qd;
   for (int64_t e = 0; e < c.num_experts; ++e) {
     qg.push_back(ops::nvfp4_quantize(w.g[e]));
-    qu.push_back(ops::nvfp4_quantize(w.u[e]));
+    qu.push_back(ops::nvfp4_quantize(w.u[e], qg[e].global_scale * 1.5f));  // a scale of its own
     qd.push_back(ops::nvfp4_quantize(w.d[e]));
     // The reference uses exactly the dequantized weights the module holds.
     w.g[e] = ops::nvfp4_dequantize(qg[e]);
