@@ -65,10 +65,13 @@ void run_cpu(const std::vector<Stream>& streams, const std::function<void(int)>&
 #if defined(LOCUS_WITH_CUDA)
 // CUDA: event fork from the caller's stream, enqueue every partition on its stream, event join
 // back; all of it is capturable in a CUDA graph. The join happens even when an enqueue threw,
-// so a capture stays well-formed before the error propagates.
+// so a capture stays well-formed before the error propagates. Partitions that run on the
+// caller's own stream need no fork/join.
 void run_cuda(const Stream& caller, const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
   std::vector<void*> targets;
-  for (const Stream& s : streams) targets.push_back(s.native);
+  for (const Stream& s : streams) {
+    if (s.native != caller.native) targets.push_back(s.native);
+  }
   cuda::fork_streams(caller.native, targets);
   std::vector<std::exception_ptr> errors(streams.size());
   for (size_t p = 0; p < streams.size(); ++p) {
@@ -127,9 +130,16 @@ void check_nvfp4_shard(const char* op, size_t p, const Nvfp4Weight& w, int64_t r
               "] but its slice needs [", rows, ", ", k, "]");
 }
 
-std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices) {
+// A CUDA partition without a stream of its own (a one-domain runtime's place: the device's
+// default stream) runs on the caller's stream, so that it stays inside a graph capture.
+Stream effective_stream(const Stream& caller, const Stream& s) {
+  if (s.device.is_cuda() && s.native == nullptr && caller.native != nullptr) return Stream{s.device, caller.native};
+  return s;
+}
+
+std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices, const Stream& caller) {
   std::vector<Stream> out;
-  for (const auto& s : slices) out.push_back(s.stream);
+  for (const auto& s : slices) out.push_back(effective_stream(caller, s.stream));
   return out;
 }
 
@@ -175,9 +185,10 @@ void gemm_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const 
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_dense_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));  // validates the shape before the fork
-  run_partitioned(caller, streams_of(slices), [&](int p) {
+  const std::vector<Stream> streams = streams_of(slices, caller);
+  run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
-    gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), s.stream);
+    gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
   });
 }
 
@@ -189,9 +200,10 @@ void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards,
   for (size_t p = 0; p < slices.size(); ++p) {
     check_dense_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));  // [gate rows; up rows]
   }
-  run_partitioned(caller, streams_of(slices), [&](int p) {
+  const std::vector<Stream> streams = streams_of(slices, caller);
+  run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
-    gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), s.stream);
+    gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
   });
 }
 
@@ -202,9 +214,10 @@ void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& sha
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_nvfp4_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));
-  run_partitioned(caller, streams_of(slices), [&](int p) {
+  const std::vector<Stream> streams = streams_of(slices, caller);
+  run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
-    nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), s.stream);
+    nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
   });
 }
 
@@ -216,9 +229,10 @@ void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weigh
   for (size_t p = 0; p < slices.size(); ++p) {
     check_nvfp4_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));
   }
-  run_partitioned(caller, streams_of(slices), [&](int p) {
+  const std::vector<Stream> streams = streams_of(slices, caller);
+  run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
-    nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), s.stream);
+    nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
   });
 }
 
@@ -240,9 +254,10 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
     LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
                 " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
   }
-  run_partitioned(caller, streams_of(slices), [&](int p) {
+  const std::vector<Stream> streams = streams_of(slices, caller);
+  run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
-    bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), s.stream);
+    bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
   });
 }
 
