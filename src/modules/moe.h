@@ -67,7 +67,10 @@ class MoE : public Module {
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;
 
-  // x bf16 [T, hidden] -> y bf16 or fp32 [T, hidden].
+  // x bf16 [T, hidden] -> y bf16 or fp32 [T, hidden]. The tokens are grouped per expert on the
+  // host (on a GPU: one small copy of the routing ids, so this path is not graph-capturable yet;
+  // a device-side grouped GEMM would remove it). Expert outputs are kept in fp32 and combined with
+  // the routing weights in fp32, rounded once into y.
   void forward(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
   // Router only: weights fp32 [T, top_k], ids i32 [T, top_k].
   void route(const Tensor& x, const Tensor& weights, const Tensor& ids, const Stream& stream = {}) const;
