@@ -80,6 +80,13 @@ TEST(Nvfp4Quantize, GlobalScaleIsTheDequantDirection) {
   const uint8_t byte = q.packed.data<uint8_t>()[arg / 2];
   EXPECT_EQ((arg % 2 ? byte >> 4 : byte & 0xF) & 7, 7);
   EXPECT_EQ(ops::nvfp4_global_scale_for(Tensor::zeros({2, 16}, DType::kBF16)), 1.0f);
+  // A strided (transposed) weight quantizes exactly like its contiguous copy.
+  Tensor wt = w.clone().transpose(0, 1).clone().transpose(0, 1);  // same values, column-major storage
+  ASSERT_EQ(wt.stride(0), 1);
+  EXPECT_EQ(ops::nvfp4_global_scale_for(wt), g);
+  ops::Nvfp4Weight qt = ops::nvfp4_quantize(wt);
+  EXPECT_TRUE(testing::bitwise_equal(qt.packed, q.packed));
+  EXPECT_TRUE(testing::bitwise_equal(qt.scales, q.scales));
 }
 
 TEST(Nvfp4Quantize, DequantizationErrorWithinHalfAGridStep) {

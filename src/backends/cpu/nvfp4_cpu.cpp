@@ -53,10 +53,12 @@ struct Nvfp4Rows {
 
 float nvfp4_global_scale_for(const Tensor& w) {
   const int64_t rows = detail::num_rows(w), k = w.dim() == 0 ? 1 : w.size(-1);
+  const int64_t sc = w.dim() == 0 ? 0 : w.stride(-1);
   float amax = 0.f;
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t off = detail::row_offset(w, r);
-    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(detail::load_f32(w.data_ptr(), w.dtype(), off + c)));
+    const int64_t off = w.dim() <= 1 ? 0 : detail::row_offset(w, r);
+    for (int64_t c = 0; c < k; ++c)
+      amax = std::max(amax, std::fabs(detail::load_f32(w.data_ptr(), w.dtype(), off + c * sc)));
   }
   if (amax == 0.f) return 1.f;
   return amax / (6.0f * 448.0f);
