@@ -116,7 +116,9 @@ void GatedMLP::collect_plans(std::vector<PlanRecord>* out) const {
   down_->collect_plans(out);
 }
 
-bool GatedMLP::uses_fused_swiglu() const { return cfg_.fuse_swiglu && !gate_up_->per_half_scales(); }
+bool GatedMLP::uses_fused_swiglu() const {
+  return cfg_.fuse_swiglu && !gate_up_->per_half_scales() && !gate_up_->unfused_split();
+}
 
 void GatedMLP::forward(const Tensor& x, const Tensor& y, const Stream& stream) const {
   LOCUS_CHECK(x.dim() == 2 && x.size(1) == cfg_.hidden_size, "GatedMLP '", name(), "': x must be [M, ",

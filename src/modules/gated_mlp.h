@@ -6,7 +6,9 @@
 // - fused (default): the gate/up Linear's SwiGLU epilogue, partitioned when its plan is enabled
 //   (each partition holds matching gate and up rows, so SwiGLU stays local to it);
 // - unfused fallback (gemm into an fp32 [M, 2I] buffer, then ops::swiglu): used when the fused
-//   SwiGLU path is refused: NVFP4 gate/up with different global scales, or fuse_swiglu = false.
+//   SwiGLU path is refused: the planner refused the fused gate/up split but accepted [gate | up]
+//   as plain rows (Linear::unfused_split(); SwiGLU then runs after the join), NVFP4 gate/up with
+//   different global scales, or fuse_swiglu = false.
 //   Rounding happens once from fp32 in both paths.
 //
 // Checkpoint names (relative): gate_proj.*, up_proj.*, down_proj.* with the Linear pieces

@@ -80,6 +80,17 @@ Linear::Linear(ModuleContext ctx, LinearConfig cfg) : Module(std::move(ctx)), cf
     plan_ = disabled_plan("locality domains off (no planner in the module context)", op);
   } else {
     plan_ = ctx_.planner->plan_linear(name(), cfg_.in_features, cfg_.out_features, cfg_.quant, cfg_.mode);
+    if (!plan_.enabled && is_fused(cfg_)) {
+      // The fused split was refused; the same rules may still split [gate | up] as plain rows.
+      locality::Plan alt = ctx_.planner->plan_linear(name(), cfg_.in_features, 2 * cfg_.out_features, cfg_.quant,
+                                                     WeightMode::kVanilla);
+      if (alt.enabled) {
+        alt.reason = "fused gate/up split refused (" + plan_.reason +
+                     "); [gate | up] rows split as VANILLA, SwiGLU applied after the join";
+        plan_ = std::move(alt);
+        unfused_split_ = true;
+      }
+    }
     if (plan_.enabled && !ctx_.runtime) {
       plan_ = disabled_plan("no locality runtime in the module context", op);
     }
@@ -297,6 +308,19 @@ void Linear::transform() {
     g_first_ = staged_.g_first;
     g_second_ = staged_.g_second;
     per_half_ = is_fused(cfg_) && g_first_ != g_second_;
+    if (per_half_ && unfused_split_ && plan_.enabled) {
+      for (const auto& r : plan_.layout.parts) {
+        if (r.n0 < cfg_.out_features && r.n1 > cfg_.out_features) {
+          plan_ = disabled_plan(str("gate and up have different NVFP4 global scales and partition [", r.n0, ", ", r.n1,
+                                    ") of the unfused [gate | up] split straddles the boundary at ", cfg_.out_features,
+                                    " (", plan_.reason, ")"),
+                                plan_.op);
+          plan_.module = name();
+          unfused_split_ = false;
+          break;
+        }
+      }
+    }
     build_nvfp4_units(q_packed_, q_scales_);
     // The host copy is only needed to cut shards from; without an enabled plan it goes now.
     if (!plan_.enabled) release_staging();
@@ -308,6 +332,26 @@ void Linear::transform() {
 void Linear::release_staging() {
   q_packed_ = Tensor();
   q_scales_ = Tensor();
+}
+
+void Linear::nvfp4_shard(const Tensor& packed, const Tensor& scales, float g_first, float g_second, int p,
+                         ops::Nvfp4Weight* fused, ops::Nvfp4Weight* gate, ops::Nvfp4Weight* up) const {
+  const auto& layout = plan_.layout;
+  const auto& place = ctx_.runtime->place_for_partition(p);
+  const int64_t I = cfg_.out_features;
+  if (unfused_split_ && per_half_) {
+    // The partition's rows lie in one half (checked at transform()): one unit with that half's scale.
+    const auto& r = layout.parts[p];
+    *fused = ops::nvfp4_prepare(host_nvfp4(packed, scales, r.n0, r.n1, r.n1 <= I ? g_first : g_second), place.device(),
+                                place.domain());
+  } else if (per_half_) {
+    locality::PartitionedLayout half = layout;
+    half.fused_gate_up = false;
+    *gate = locality::make_nvfp4_shard(host_nvfp4(packed, scales, 0, I, g_first), half, p, place);
+    *up = locality::make_nvfp4_shard(host_nvfp4(packed, scales, I, 2 * I, g_second), half, p, place);
+  } else {
+    *fused = locality::make_nvfp4_shard(host_nvfp4(packed, scales, 0, weight_rows(), g_first), layout, p, place);
+  }
 }
 
 void Linear::localize() {
@@ -328,20 +372,12 @@ void Linear::localize() {
     full_ = Tensor();
   } else {
     std::vector<ops::Nvfp4Weight> fused, gate, up;
-    if (per_half_) {
-      locality::PartitionedLayout half = layout;
-      half.fused_gate_up = false;
-      const int64_t I = cfg_.out_features;
-      for (int p = 0; p < parts; ++p) {
-        const auto& place = ctx_.runtime->place_for_partition(p);
-        gate.push_back(locality::make_nvfp4_shard(host_nvfp4(q_packed_, q_scales_, 0, I, g_first_), half, p, place));
-        up.push_back(locality::make_nvfp4_shard(host_nvfp4(q_packed_, q_scales_, I, 2 * I, g_second_), half, p, place));
-      }
-    } else {
-      for (int p = 0; p < parts; ++p) {
-        fused.push_back(locality::make_nvfp4_shard(host_nvfp4(q_packed_, q_scales_, 0, weight_rows(), g_first_), layout,
-                                                   p, ctx_.runtime->place_for_partition(p)));
-      }
+    for (int p = 0; p < parts; ++p) {
+      ops::Nvfp4Weight f, g, u;
+      nvfp4_shard(q_packed_, q_scales_, g_first_, g_second_, p, &f, &g, &u);
+      if (f.packed.defined()) fused.push_back(f);
+      if (g.packed.defined()) gate.push_back(g);
+      if (u.packed.defined()) up.push_back(u);
     }
     nv_ = std::move(fused);
     nv_gate_ = std::move(gate);
@@ -428,17 +464,12 @@ void Linear::commit(const Assembled& a) {
     }
     return;
   }
-  const auto& layout = plan_.layout;
-  locality::PartitionedLayout half = layout;
-  half.fused_gate_up = false;
-  for (int p = 0; p < layout.num_partitions(); ++p) {
-    const auto& place = ctx_.runtime->place_for_partition(p);
-    if (per_half_) {
-      overwrite(nv_gate_[p], locality::make_nvfp4_shard(host_nvfp4(a.packed, a.scales, 0, I, a.g_first), half, p, place));
-      overwrite(nv_up_[p], locality::make_nvfp4_shard(host_nvfp4(a.packed, a.scales, I, 2 * I, a.g_second), half, p, place));
-    } else {
-      overwrite(nv_[p], locality::make_nvfp4_shard(host_nvfp4(a.packed, a.scales, 0, rows, a.g_first), layout, p, place));
-    }
+  for (int p = 0; p < plan_.layout.num_partitions(); ++p) {
+    ops::Nvfp4Weight f, g, u;
+    nvfp4_shard(a.packed, a.scales, a.g_first, a.g_second, p, &f, &g, &u);
+    if (f.packed.defined()) overwrite(nv_[p], f);
+    if (g.packed.defined()) overwrite(nv_gate_[p], g);
+    if (u.packed.defined()) overwrite(nv_up_[p], u);
   }
 }
 
@@ -452,7 +483,11 @@ void Linear::check_reload(const WeightMap& weights) const { (void)assemble(weigh
 void Linear::rebuild() {
   // Derived state of a Linear: the NVFP4 units' global scales (the tensors are rewritten in place).
   if (!is_nvfp4(cfg_)) return;
-  for (auto& w : nv_) w.global_scale = g_first_;
+  for (size_t p = 0; p < nv_.size(); ++p) {
+    // An unfused-split shard of up rows carries up's scale.
+    const bool up_rows = unfused_split_ && per_half_ && partitioned() && plan_.layout.parts[p].n0 >= cfg_.out_features;
+    nv_[p].global_scale = up_rows ? g_second_ : g_first_;
+  }
   for (auto& w : nv_gate_) w.global_scale = g_first_;
   for (auto& w : nv_up_) w.global_scale = g_second_;
 }
@@ -521,7 +556,7 @@ void Linear::check_forward_ready(const char* what) const {
 
 void Linear::forward(const Tensor& x, const Tensor& y, const Stream& stream) const {
   check_forward_ready("forward");
-  if (is_fused(cfg_) && per_half_) return forward_unfused(x, y, stream);
+  if (is_fused(cfg_) && (per_half_ || unfused_split_)) return forward_unfused(x, y, stream);
   const bool nv = is_nvfp4(cfg_);
   if (partitioned()) {
     const auto sl = slices();
@@ -545,6 +580,13 @@ void Linear::forward_unfused(const Tensor& x, const Tensor& y, const Stream& str
   LOCUS_CHECK(x.dim() == 2, "Linear '", name(), "': x must be 2-D, got ", x.describe());
   const int64_t M = x.size(0), I = cfg_.out_features;
   Tensor tmp = Tensor::empty({M, 2 * I}, DType::kFP32, x.device());
+  if (unfused_split_ && partitioned()) {
+    // Row partitions of [gate | up] write their columns of tmp; SwiGLU needs both halves: after the join.
+    if (is_nvfp4(cfg_)) ops::nvfp4_gemm_partitioned(x, nv_, Tensor(), tmp, slices(), stream);
+    else ops::gemm_partitioned(x, shards_, Tensor(), tmp, slices(), stream);
+    ops::swiglu(tmp, y, stream);
+    return;
+  }
   // Partition p's products land in columns [2 n0, 2 n1) as [gate_p | up_p]; unpartitioned: [gate | up].
   auto products = [&](int p, int64_t c0, int64_t r, const Stream& s) {
     Tensor out = tmp.slice(1, c0, c0 + 2 * r);
@@ -575,6 +617,7 @@ void Linear::forward_partition(int p, const Tensor& x, const Tensor& y, const St
   LOCUS_CHECK(partitioned(), "Linear '", name(), "': forward_partition() needs a localized, enabled plan (",
               plan_.describe(), ")");
   LOCUS_CHECK(p >= 0 && p < plan_.layout.num_partitions(), "Linear '", name(), "': partition ", p, " out of range");
+  LOCUS_CHECK(!unfused_split_, "Linear '", name(), "': forward_partition() needs a fused gate/up split (", plan_.describe(), ")");
   LOCUS_CHECK(y.dim() == 2 && y.size(1) == cfg_.out_features, "Linear '", name(), "': y must be [M, ",
               cfg_.out_features, "], got ", y.describe());
   const auto& r = plan_.layout.parts[p];

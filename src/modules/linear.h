@@ -28,7 +28,12 @@
 // before writing anything (the storage layouts differ).
 //
 // Plans: built at construction from the context's planner (plan_linear with the module name,
-// so policy excludes apply). partitionable = false (router gate, kv_a_proj_with_mqa) records a
+// so policy excludes apply). FUSED_GATE_UP first asks for the fused split (SwiGLU local to each
+// partition); when that split is refused for its shape, the [gate | up] rows are planned as a
+// VANILLA weight of 2I rows instead ("unfused split", TensorRT-LLM's canonical gate | up
+// mapping): each partition computes its rows into an fp32 [M, 2I] buffer, and ops::swiglu runs
+// after the join. NVFP4 gate/up with separate scales only take that split when no partition
+// straddles the gate/up boundary (else the plan is disabled at transform(), with the reason). partitionable = false (router gate, kv_a_proj_with_mqa) records a
 // disabled plan with the given reason. set_plan() lets a composite (MoE) impose its own plan.
 #pragma once
 #include <map>
@@ -84,6 +89,8 @@ class Linear : public Module {
   int num_partitions() const;  // 1 when not partitioned
   // NVFP4 FUSED_GATE_UP only: true when gate and up keep separate global scales.
   bool per_half_scales() const { return per_half_; }
+  // FUSED_GATE_UP planned as an unfused split (see above): forward() runs forward_unfused().
+  bool unfused_split() const { return unfused_split_; }
 
   // ---- forward (x bf16 [M, K] row-major; y bf16 or fp32, may be a column slice of a wider tensor) ----
   // VANILLA: y [M, N] = x W^T + bias. FUSED_GATE_UP: y [M, I] = swiglu.
@@ -127,6 +134,9 @@ class Linear : public Module {
   ops::Nvfp4Weight host_nvfp4(const Tensor& packed, const Tensor& scales, int64_t row0, int64_t row1,
                               float global) const;
   void build_nvfp4_units(const Tensor& packed, const Tensor& scales);
+  // Partition p's NVFP4 shard(s) cut from checkpoint-layout tensors: one fused unit, or gate and up.
+  void nvfp4_shard(const Tensor& packed, const Tensor& scales, float g_first, float g_second, int p,
+                   ops::Nvfp4Weight* fused, ops::Nvfp4Weight* gate, ops::Nvfp4Weight* up) const;
   void release_staging();
   Stream partition_stream(int p) const;
   std::vector<ops::PartitionSlice> slices() const;
@@ -145,6 +155,7 @@ class Linear : public Module {
   Tensor q_packed_, q_scales_;           // [rows, K/2] u8, [rows, K/16] e4m3 on the host (kLinear)
   float g_first_ = 0.f, g_second_ = 0.f;  // weight_scale_2 of the weight (or gate) and of up
   bool per_half_ = false;
+  bool unfused_split_ = false;  // FUSED_GATE_UP weight split as VANILLA rows of [gate | up]
   // One unit = the full weight (not partitioned) or one partition's shard.
   std::vector<ops::Nvfp4Weight> nv_;               // fused units (VANILLA, or gate/up sharing a scale)
   std::vector<ops::Nvfp4Weight> nv_gate_, nv_up_;  // per-half units (gate/up with their own scales)

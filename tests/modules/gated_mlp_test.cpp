@@ -159,3 +159,22 @@ TEST(GatedMlpTest, Nvfp4MatchesReferenceAndLocalityIsBitwise) {
 
 }  // namespace
 }  // namespace locus::testing
+
+namespace locus::testing {
+namespace {
+
+TEST(GatedMlpTest, UnfusedRowSplitWhenTheFusedSplitIsRefused) {
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 4, H = 32, I = 24;
+  Tensor x = randn({M, H}, DType::kBF16, seed);
+  MlpWeights w(H, I, seed + 1);
+  auto off = build(make_ld(0).ctx("mlp"), H, I, w);
+  auto on = build(make_ld(2).ctx("mlp"), H, I, w);
+  EXPECT_TRUE(on->gate_up_proj().unfused_split());
+  EXPECT_TRUE(on->gate_up_proj().partitioned());
+  EXPECT_FALSE(on->uses_fused_swiglu());
+  EXPECT_TRUE(bitwise_equal(run(*on, x), run(*off, x)));
+}
+
+}  // namespace
+}  // namespace locus::testing

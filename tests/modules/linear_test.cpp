@@ -385,3 +385,76 @@ TEST(LinearTest, UnsupportedCombinationsFallBackWithReasonOrErrorWhenRequired) {
 
 }  // namespace
 }  // namespace locus::testing
+
+namespace locus::testing {
+namespace {
+
+// When the fused gate/up split is refused for its shape, [gate | up] is split as plain rows and
+// SwiGLU runs after the join (the unfused fallback); the result stays bit-identical to LD off.
+TEST(LinearTest, RefusedFusedSplitFallsBackToUnfusedRowSplit) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  {
+    const int64_t M = 5, K = 32, I = 24;  // 24 rows cannot be split in 16-row blocks; 48 can: [0,32) [32,48)
+    Tensor x = randn({M, K}, DType::kBF16, seed), g = randn({I, K}, DType::kBF16, seed + 1), u = randn({I, K}, DType::kBF16, seed + 2);
+    Tensor y_off;
+    for (int domains : {0, 2}) {
+      Linear lin(make_ld(domains).ctx("mlp.gate_up_proj"), cfg(K, I, WeightMode::kFusedGateUp));
+      EXPECT_EQ(lin.unfused_split(), domains == 2) << lin.plan().describe();
+      if (domains == 2) {
+        EXPECT_NE(lin.plan().reason.find("fused gate/up split refused"), std::string::npos) << lin.plan().reason;
+        EXPECT_EQ(lin.plan().layout.parts[0].n1, 32);
+      }
+      lin.load("gate", g);
+      lin.load("up", u);
+      lin.localize();
+      EXPECT_EQ(lin.partitioned(), domains == 2);
+      const Tensor y = run(lin, x);
+      EXPECT_LT(rel_error(y, ref_swiglu(Mat(x), Mat(g), Mat(u)).v), bf16_gemm_tolerance(K));
+      if (domains == 0) y_off = y;
+      else EXPECT_TRUE(bitwise_equal(y, y_off));
+    }
+  }
+  // NVFP4: I = 128 gives 64-row fused partitions (refused, 128 needed); 2I = 256 splits as
+  // [gate | up] exactly, so even separate global scales work. I = 192 straddles the boundary.
+  for (int64_t I : {128, 192}) {
+    for (bool shared_scale : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "I " << I << " shared " << shared_scale);
+      const int64_t M = 3, K = 64;
+      Tensor x = randn({M, K}, DType::kBF16, seed + 3);
+      Tensor gw = randn({I, K}, DType::kFP32, seed + 4), uw = randn({I, K}, DType::kFP32, seed + 5);
+      const ops::Nvfp4Weight gq = ops::nvfp4_quantize(gw);
+      const ops::Nvfp4Weight uq = ops::nvfp4_quantize(uw, shared_scale ? gq.global_scale : gq.global_scale * 1.5f);
+      const Mat ref = ref_swiglu(Mat(x), Mat(ops::nvfp4_dequantize(gq)), Mat(ops::nvfp4_dequantize(uq)));
+      Tensor y_off;
+      for (int domains : {0, 2}) {
+        Linear lin(make_ld(domains).ctx("mlp.gate_up_proj"), cfg(K, I, WeightMode::kFusedGateUp, false, QuantKind::kNVFP4));
+        load_nvfp4(lin, "gate.", gq);
+        load_nvfp4(lin, "up.", uq);
+        lin.transform();
+        const bool expect_split = domains == 2 && (I == 128 || shared_scale);
+        EXPECT_EQ(lin.plan().enabled, expect_split) << lin.plan().describe();
+        if (domains == 2 && !expect_split) {
+          EXPECT_NE(lin.plan().reason.find("straddles"), std::string::npos) << lin.plan().reason;
+        }
+        lin.localize();
+        const Tensor y = run(lin, x);
+        EXPECT_LT(rel_error(y, ref.v), bf16_gemm_tolerance(K));
+        if (domains == 0) {
+          y_off = y;
+          continue;
+        }
+        EXPECT_TRUE(bitwise_equal(y, y_off));
+        const auto ptrs = lin.weight_data_ptrs();
+        lin.reload({{"gate.weight", gq.packed}, {"gate.weight_scale", gq.scales}, {"gate.weight_scale_2", fp32_scalar(gq.global_scale)},
+                    {"up.weight", uq.packed}, {"up.weight_scale", uq.scales}, {"up.weight_scale_2", fp32_scalar(uq.global_scale)}});
+        lin.rebuild();
+        EXPECT_EQ(lin.weight_data_ptrs(), ptrs);
+        EXPECT_TRUE(bitwise_equal(run(lin, x), y_off));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace locus::testing
