@@ -108,7 +108,16 @@ inline Vec swiglu_mlp(const Vec& x, int64_t rows, int64_t hidden, int64_t inter,
 }  // namespace ref_detail
 
 // Logits [T, vocab] (row-major) for tokens at positions 0..T-1 of one sequence, causal attention.
-inline std::vector<double> reference_forward(const RefConfig& c, const RefWeights& W, const std::vector<int32_t>& ids) {
+// min_route_margin (optional) receives the smallest gap, over every token of every MoE layer,
+// between the last kept and the first dropped score (groups and experts): routing is a
+// discontinuous choice, so a test comparing a BF16 model with this exact forward is meaningful
+// only when no choice is a near-tie that BF16 rounding could flip.
+inline std::vector<double> reference_forward(const RefConfig& c, const RefWeights& W, const std::vector<int32_t>& ids,
+                                             double* min_route_margin = nullptr) {
+  if (min_route_margin) *min_route_margin = std::numeric_limits<double>::infinity();
+  auto margin = [&](double gap) {
+    if (min_route_margin) *min_route_margin = std::min(*min_route_margin, gap);
+  };
   using namespace ref_detail;
   const int64_t T = static_cast<int64_t>(ids.size()), D = c.hidden, H = c.heads;
   const int64_t dqk = c.qk_nope + c.qk_rope;
@@ -208,12 +217,14 @@ inline std::vector<double> reference_forward(const RefConfig& c, const RefWeight
         std::vector<int64_t> gorder(static_cast<size_t>(c.n_group));
         std::iota(gorder.begin(), gorder.end(), 0);
         std::stable_sort(gorder.begin(), gorder.end(), [&](int64_t a, int64_t b) { return gscore[a] > gscore[b]; });
+        if (c.topk_group < c.n_group) margin(gscore[gorder[c.topk_group - 1]] - gscore[gorder[c.topk_group]]);
         std::vector<bool> group_kept(static_cast<size_t>(c.n_group), false);
         for (int64_t i = 0; i < c.topk_group; ++i) group_kept[gorder[i]] = true;
         std::vector<int64_t> eorder;
         for (int64_t e = 0; e < E; ++e)
           if (group_kept[e / per_group]) eorder.push_back(e);
         std::stable_sort(eorder.begin(), eorder.end(), [&](int64_t a, int64_t b) { return sel[a] > sel[b]; });
+        if (static_cast<int64_t>(eorder.size()) > c.top_k) margin(sel[eorder[c.top_k - 1]] - sel[eorder[c.top_k]]);
         eorder.resize(static_cast<size_t>(c.top_k));
         double wsum = 0;
         for (int64_t e : eorder) wsum += s[e];
