@@ -1,0 +1,84 @@
+// `locus generate` and `locus logits` end to end through the executable on the tiny model.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "models/model_test_util.h"
+#include "runtime/generator_logits_file.h"
+
+namespace locus::testing {
+namespace {
+
+struct CmdResult {
+  int status = -1;
+  std::string out;  // stdout and stderr together
+};
+
+CmdResult run(const std::string& args) {
+  const std::string cmd = std::string("env -u LOCUS_FAKE_LOCALITY_DOMAINS ") + LOCUS_BINARY_PATH + " " + args + " 2>&1";
+  CmdResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  r.status = pclose(p);
+  return r;
+}
+
+TEST(GenerateCli, GeneratesAndReportsTokensPerSecond) {
+  const std::string& dir = tiny_model_dir(false);
+  auto r = run("generate --model " + dir + " --prompt 'Locality domains' --max-new-tokens 5 --quiet");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("Locality domains"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode 4 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+  // A batch of prompts with sampling and locality domains on.
+  r = run("generate --model " + dir +
+          " --prompt a --prompt 'b c' --max-new-tokens 3 --temperature 0.7 --top-k 5 --top-p 0.9 --seed 4"
+          " --enable-locality-domains --locality-domains-emulate 2 --quiet");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("[0] a"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[1] b c"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 sequences"), std::string::npos) << r.out;
+}
+
+TEST(GenerateCli, BadOptionsAreClearErrors) {
+  const std::string& dir = tiny_model_dir(false);
+  auto r = run("generate --model " + dir + " --prompt x --top-p 1.5 --quiet");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("top_p"), std::string::npos) << r.out;
+  r = run("generate --model " + dir + " --prompt x --max-new-tokens 100 --max-seq-len 16 --quiet");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("max_seq_len=16"), std::string::npos) << r.out;
+  r = run("generate --model /nonexistent/dir --prompt x --quiet");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("/nonexistent/dir"), std::string::npos) << r.out;
+}
+
+TEST(LogitsCli, WritesEveryPositionsLogitsLdOnEqualsOff) {
+  const std::string& dir = tiny_model_dir(false);
+  TempDir t;
+  auto off = run("logits --model " + dir + " --ids 1,2,3 --ids 7 --out " + t.file("off.bin") + " --quiet");
+  ASSERT_EQ(off.status, 0) << off.out;
+  auto on = run("logits --model " + dir + " --ids 1,2,3 --ids 7 --out " + t.file("on.bin") +
+                " --enable-locality-domains --locality-domains-emulate 2 --quiet");
+  ASSERT_EQ(on.status, 0) << on.out;
+  auto a = runtime::read_logits_file(t.file("off.bin")), b = runtime::read_logits_file(t.file("on.bin"));
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(a[0].size(0), 3);
+  EXPECT_EQ(a[1].size(0), 1);
+  EXPECT_TRUE(bitwise_equal(a[0], b[0]));
+  EXPECT_TRUE(bitwise_equal(a[1], b[1]));
+  // The same numbers as the library's forward.
+  auto lm = load_model(dir, 0);
+  EXPECT_TRUE(bitwise_equal(a[0], prefill_logits(*lm.model, {1, 2, 3})));
+  auto bad = run("logits --model " + dir + " --ids 1,x --out " + t.file("x.bin") + " --quiet");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("\"x\" is not a token id"), std::string::npos) << bad.out;
+}
+
+}  // namespace
+}  // namespace locus::testing
