@@ -70,6 +70,7 @@ std::string k_reason(const char* what, int64_t k, QuantKind q) {
 // Rules 1, 2, 4 and 5 (shared by every op); returns the reason or "".
 std::string Planner::common_reason(const std::string& module, OpKind op) const {
   if (!policy_.enabled) return "locality domains are disabled by the policy (enable with --enable-locality-domains)";
+  if (policy_.num_partitions == 1) return "policy num_partitions=1: nothing to split across";
   if (partitions() < 2) {
     return str("only 1 locality domain (topology from ", topology_.source,
                ") and policy num_partitions is not above 1: nothing to split across");

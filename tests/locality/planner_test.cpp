@@ -63,6 +63,9 @@ TEST(Planner, NumPartitionsOverridesOneDomainTopology) {
   EXPECT_EQ(Planner(pol, domains(2)).partitions(), 3);
   pol.num_partitions = 0;
   EXPECT_EQ(Planner(pol, domains(4)).partitions(), 4);
+  pol.num_partitions = 1;  // explicitly one partition on a 2-domain topology
+  EXPECT_EQ(Planner(pol, domains(2)).plan_linear(kQ, 7168, 7168, QuantKind::kBF16, WeightMode::kVanilla).reason,
+            "policy num_partitions=1: nothing to split across");
 }
 
 TEST(Planner, Fp8IsRefused) {
