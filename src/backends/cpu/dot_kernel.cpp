@@ -82,19 +82,39 @@ bool use_avx2() {
 }
 
 template <class WT>
-const Kernels<WT>& kernels() {
-#if LOCUS_HAVE_AVX2_VARIANT
-  static const Kernels<WT> k = use_avx2() ? make_avx2<WT>() : make_baseline<WT>();
-#else
+const Kernels<WT>& baseline_kernels() {
   static const Kernels<WT> k = make_baseline<WT>();
-#endif
   return k;
 }
 
 template <class WT>
-void dispatch(int mr, int nr, const float* const* x, const WT* const* w, int64_t klen, float* acc, int64_t acc_ld) {
+const Kernels<WT>& isa_kernels(DotIsa isa) {
+#if LOCUS_HAVE_AVX2_VARIANT
+  if (isa == DotIsa::kAvx2) {
+    LOCUS_CHECK(use_avx2(), "dot_tile: the AVX2 kernel variant needs a CPU with AVX2");
+    static const Kernels<WT> k = make_avx2<WT>();
+    return k;
+  }
+#else
+  LOCUS_CHECK(isa == DotIsa::kBaseline, "dot_tile: this build has no AVX2 kernel variant");
+#endif
+  return baseline_kernels<WT>();
+}
+
+template <class WT>
+const Kernels<WT>& kernels() {
+  static const Kernels<WT>& k = isa_kernels<WT>(use_avx2() ? DotIsa::kAvx2 : DotIsa::kBaseline);
+  return k;
+}
+
+void check_tile(int mr, int nr) {
   LOCUS_CHECK(mr >= 1 && mr <= kMaxTileM && nr >= 1 && nr <= kMaxTileN, "dot_tile: tile ", mr, "x", nr,
               " outside 1..", kMaxTileM, " x 1..", kMaxTileN);
+}
+
+template <class WT>
+void dispatch(int mr, int nr, const float* const* x, const WT* const* w, int64_t klen, float* acc, int64_t acc_ld) {
+  check_tile(mr, nr);
   kernels<WT>().fn[mr - 1][nr - 1](x, w, klen, acc, acc_ld);
 }
 
@@ -106,6 +126,19 @@ void dot_tile(int mr, int nr, const float* const* x, const float* const* w, int6
 void dot_tile(int mr, int nr, const float* const* x, const uint16_t* const* w, int64_t klen, float* acc,
               int64_t acc_ld) {
   dispatch<uint16_t>(mr, nr, x, w, klen, acc, acc_ld);
+}
+
+bool dot_isa_available(DotIsa isa) { return isa == DotIsa::kBaseline || use_avx2(); }
+
+void dot_tile_isa(DotIsa isa, int mr, int nr, const float* const* x, const float* const* w, int64_t klen, float* acc,
+                  int64_t acc_ld) {
+  check_tile(mr, nr);
+  isa_kernels<float>(isa).fn[mr - 1][nr - 1](x, w, klen, acc, acc_ld);
+}
+void dot_tile_isa(DotIsa isa, int mr, int nr, const float* const* x, const uint16_t* const* w, int64_t klen,
+                  float* acc, int64_t acc_ld) {
+  check_tile(mr, nr);
+  isa_kernels<uint16_t>(isa).fn[mr - 1][nr - 1](x, w, klen, acc, acc_ld);
 }
 
 TileShape preferred_tile(int64_t m) {

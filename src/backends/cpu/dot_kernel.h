@@ -37,4 +37,12 @@ struct TileShape {
 TileShape preferred_tile(int64_t m);
 const char* dot_kernel_isa();  // "avx2" or "baseline"
 
+// A specific instruction-set variant, for tests that prove the variants agree bit for bit.
+enum class DotIsa { kBaseline, kAvx2 };
+bool dot_isa_available(DotIsa isa);
+void dot_tile_isa(DotIsa isa, int mr, int nr, const float* const* x, const float* const* w, int64_t klen, float* acc,
+                  int64_t acc_ld);
+void dot_tile_isa(DotIsa isa, int mr, int nr, const float* const* x, const uint16_t* const* w, int64_t klen,
+                  float* acc, int64_t acc_ld);
+
 }  // namespace locus::cpu::detail
