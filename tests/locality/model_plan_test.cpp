@@ -125,6 +125,14 @@ TEST(PlanCommand, DefaultIsOffAndFlagsChangeShapes) {
   EXPECT_NE(r.out.find("o_proj (model.layers.0.self_attn.o_proj, x4): nvfp4 [4096, 16384]"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("experts (model.layers.1.mlp.experts, x3)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("router gate (model.layers.1.mlp.gate, x3): bf16"), std::string::npos) << r.out;
+  Result ops = run_locus("--enable-locality-domains --domains 3 --allowed-ops bf16_moe --no-excludes");
+  ASSERT_EQ(ops.rc, 0) << ops.out;
+  EXPECT_NE(ops.out.find("not partitioned: op bf16_linear is not in the policy's allowed_ops {bf16_moe}"), std::string::npos)
+      << ops.out;
+  EXPECT_NE(ops.out.find("experts (model.layers.3.mlp.experts, x58): bf16 256 x (gate_up [4096, 7168] + down [7168, 2048])\n"
+                         "  partitioned 3 x [0,688) [688,1376) [1376,2048)"),
+            std::string::npos)
+      << ops.out;
 }
 
 TEST(PlanCommand, BadValuesFailWithAMessage) {
@@ -134,6 +142,9 @@ TEST(PlanCommand, BadValuesFailWithAMessage) {
   Result h = run_locus("--hidden 0");
   EXPECT_EQ(h.rc, 1);
   EXPECT_NE(h.out.find("model shape hidden must be positive, got 0"), std::string::npos) << h.out;
+  Result op = run_locus("--enable-locality-domains --domains 2 --allowed-ops bf16_linear,fp8_linear");
+  EXPECT_EQ(op.rc, 1);
+  EXPECT_NE(op.out.find("unknown locality-domain op 'fp8_linear'"), std::string::npos) << op.out;
   Result d = run_locus("--domains 0");
   EXPECT_NE(d.rc, 0);
   EXPECT_NE(d.out.find("--domains"), std::string::npos) << d.out;

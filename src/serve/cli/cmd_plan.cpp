@@ -26,6 +26,7 @@ struct PlanOptions {
   int domains = 0;  // 0: not given
   int num_partitions = 0;
   std::vector<std::string> excludes;
+  std::vector<std::string> allowed_ops;  // empty: the policy's default (all)
   bool no_excludes = false;
 };
 
@@ -105,6 +106,10 @@ int run_plan(const PlanOptions& opt, const std::vector<CLI::Option*>& shape_opts
   policy.num_partitions = opt.num_partitions;
   if (opt.no_excludes) policy.exclude_modules.clear();
   if (!opt.excludes.empty()) policy.exclude_modules = opt.excludes;
+  if (!opt.allowed_ops.empty()) {
+    policy.allowed_ops.clear();
+    for (const std::string& op : opt.allowed_ops) policy.allowed_ops.insert(locus::locality::op_kind_from_name(op));
+  }
   const locus::locality::Planner planner(policy, topo);
   const auto plans = locus::locality::plan_deepseek_model(shapes, planner, quant_of);
   std::cout << locus::locality::format_model_plan(plans, planner);
@@ -129,6 +134,9 @@ std::function<int()> setup_plan(CLI::App& app) {
       ->check(CLI::Range(0, locus::locality::kMaxLocalityDomains));
   app.add_option("--exclude", opt->excludes, "module patterns kept whole (replaces the defaults)");
   app.add_flag("--no-excludes", opt->no_excludes, "exclude no module");
+  app.add_option("--allowed-ops", opt->allowed_ops,
+                 "op kinds that may be partitioned, comma separated (bf16_linear, nvfp4_linear, bf16_bmm, bf16_moe, nvfp4_moe)")
+      ->delimiter(',');
   app.add_option("--device", opt->device, "device whose topology to use")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
