@@ -7,6 +7,8 @@
 //   ours     locus::cuda::gemm (cuBLASLt, tactic timed once per shape);
 //   part     the same split over 2 green-context SM partitions (emulated locality domains):
 //            fork, one GEMM per partition on its stream writing its column slice, join;
+//   part1    the same partitioned GEMMs with one fork/join around all R of them (how a layer
+//            group runs: a green-context fork/join costs ~4.6 us in a graph, so it is amortized);
 //   fp4      locus::cuda::nvfp4_gemm (our weight-only kernel) at M <= 128;
 //   fp4part  the NVFP4 GEMM split over the 2 partitions, at M <= 16.
 // and prints ratios, achieved GB/s and the measured copy bandwidth.
@@ -141,7 +143,7 @@ ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, ours = 0, part = 0, fp4 = 0, fp4part = 0;
+  double cublas = 0, ours = 0, part = 0, part1 = 0, fp4 = 0, fp4part = 0, fp4part1 = 0;
 };
 
 }  // namespace
@@ -256,6 +258,15 @@ int main(int argc, char** argv) {
           }
         });
         row.part = time_graph(g, s, R, reps);
+        auto g1 = capture(s, [&] {
+          cuda::fork_streams(s, pstreams);
+          for (int r = 0; r < R; ++r) {
+            cuda::gemm(x, sh0[r], {}, y0, parts[0].stream);
+            cuda::gemm(x, sh1[r], {}, y1, parts[1].stream);
+          }
+          cuda::join_streams(s, pstreams);
+        });
+        row.part1 = time_graph(g1, s, R, reps);
       }
       if (M <= 128) {
         auto g = capture(s, [&] {
@@ -274,6 +285,15 @@ int main(int argc, char** argv) {
           }
         });
         row.fp4part = time_graph(g, s, RF, reps);
+        auto g1 = capture(s, [&] {
+          cuda::fork_streams(s, pstreams);
+          for (int r = 0; r < RF; ++r) {
+            cuda::nvfp4_gemm(x, f0[r], {}, y0, parts[0].stream);
+            cuda::nvfp4_gemm(x, f1[r], {}, y1, parts[1].stream);
+          }
+          cuda::join_streams(s, pstreams);
+        });
+        row.fp4part1 = time_graph(g1, s, RF, reps);
       }
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
@@ -282,10 +302,13 @@ int main(int argc, char** argv) {
           "(unpart/part %.2f)",
           (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.ours * 1e6, row.cublas / row.ours,
           (wbytes + io) / row.ours * 1e-9, 2.0 * M * N * K / row.ours * 1e-12, row.part * 1e6, row.ours / row.part);
+      std::printf(" | part1 %8.1f us (%.2f)", row.part1 * 1e6, row.ours / row.part1);
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f us (%.2fx vs cublas) %6.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
-      if (row.fp4part > 0) std::printf(" | fp4part %7.1f us (unpart/part %.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
+      if (row.fp4part > 0)
+        std::printf(" | fp4part %7.1f us (%.2f) fp4part1 %7.1f us (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part,
+                    row.fp4part1 * 1e6, row.fp4 / row.fp4part1);
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -298,14 +321,14 @@ int main(int argc, char** argv) {
                 "Device: %s, %d SMs; partitions: %s split, %d + %d SMs; measured copy bandwidth %.0f GB/s.\n\n",
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
-  md += "| N | K | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | partitioned us | unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 part us | NVFP4 unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "| N | K | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | part us | unpart/part | part (1 fork/join) us | unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 part us | unpart/part | NVFP4 part (1 fork/join) us | unpart/part |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
-    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %.1f | %.1f | %.2f | %.0f | %.1f | %.2f |", (long long)r.n,
-                  (long long)r.k, (long long)r.m, r.cublas * 1e6, r.ours * 1e6, r.cublas / r.ours,
-                  (wb + io) / r.ours * 1e-9, r.part * 1e6, r.ours / r.part);
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %.1f | %.1f | %.2f | %.0f | %.1f | %.2f | %.1f | %.2f |",
+                  (long long)r.n, (long long)r.k, (long long)r.m, r.cublas * 1e6, r.ours * 1e6, r.cublas / r.ours,
+                  (wb + io) / r.ours * 1e-9, r.part * 1e6, r.ours / r.part, r.part1 * 1e6, r.ours / r.part1);
     md += buf;
     if (r.fp4 > 0) {
       std::snprintf(buf, sizeof buf, " %.1f | %.2f | %.0f |", r.fp4 * 1e6, r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);
@@ -314,10 +337,11 @@ int main(int argc, char** argv) {
       md += " - | - | - |";
     }
     if (r.fp4part > 0) {
-      std::snprintf(buf, sizeof buf, " %.1f | %.2f |\n", r.fp4part * 1e6, r.fp4 / r.fp4part);
+      std::snprintf(buf, sizeof buf, " %.1f | %.2f | %.1f | %.2f |\n", r.fp4part * 1e6, r.fp4 / r.fp4part,
+                    r.fp4part1 * 1e6, r.fp4 / r.fp4part1);
       md += buf;
     } else {
-      md += " - | - |\n";
+      md += " - | - | - | - |\n";
     }
   }
   std::printf("\n%s", md.c_str());

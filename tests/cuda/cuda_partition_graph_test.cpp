@@ -132,9 +132,15 @@ TEST_F(CudaPartitions, PartitionedBmmOverHeads) {
 }
 
 TEST_F(CudaPartitions, CaptureWithoutJoinIsAnError) {
+  Tensor x = Tensor::zeros({2, 64}, DType::kBF16, Device::cuda(0));
+  Tensor w = Tensor::zeros({32, 64}, DType::kBF16, Device::cuda(0));
+  Tensor y = Tensor::zeros({2, 32}, DType::kBF16, Device::cuda(0));
+  cuda::gemm(x, w, {}, y, parts_[0].stream);  // tactic chosen outside the capture
+  cuda::device_synchronize(0);
   cuda::Graph graph;
   graph.begin_capture(caller_);
   cuda::fork_streams(caller_, streams());
+  cuda::gemm(x, w, {}, y, parts_[0].stream);  // work on a forked stream that is never joined
   EXPECT_THROW(graph.end_capture(), Error);
   EXPECT_FALSE(graph.ready());
   cudaGetLastError();

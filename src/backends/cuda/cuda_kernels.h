@@ -23,6 +23,10 @@ void launch_swiglu(const SwigluArgs& a, cudaStream_t stream);
 // dst[i] = float(bf16 src[i])
 void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t stream);
 
+// dst[r, c] = bf16(src[r, c]) (round to nearest even), strided rows.
+void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int64_t dst_ld, int64_t rows, int64_t cols,
+                           cudaStream_t stream);
+
 // NVFP4 weight-only GEMM on the kCudaTiled layout (see nvfp4_layout.h).
 struct Nvfp4GemmArgs {
   const uint16_t* x; int64_t x_ld;   // bf16 [M, K], rows 16-byte aligned

@@ -97,6 +97,15 @@ void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
     detail::scratch_free(b32, s);
     return;
   }
+  if (bias.defined() && !y_f32 && bias.dtype() == DType::kFP32) {
+    // cuBLASLt has no fp32 bias for a bf16 output: fp32 result (+ fp32 bias) in scratch, then
+    // one rounding into y.
+    float* y32 = static_cast<float*>(detail::scratch_alloc(static_cast<size_t>(m * n) * sizeof(float), s));
+    gemm_into(x, w, bias.data_ptr(), true, y32, n, true, s);
+    detail::launch_f32_to_bf16_2d(y32, n, y.data<uint16_t>(), y.stride(0), m, n, s);
+    detail::scratch_free(y32, s);
+    return;
+  }
   gemm_into(x, w, bias.defined() ? bias.data_ptr() : nullptr, bias.defined() && bias.dtype() == DType::kFP32,
             y.data_ptr(), y.stride(0), y_f32, s);
 }

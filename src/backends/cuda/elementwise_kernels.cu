@@ -31,6 +31,16 @@ __global__ void bf16_to_f32_kernel(const uint16_t* src, float* dst, int64_t n) {
     dst[e] = __uint_as_float(static_cast<uint32_t>(src[e]) << 16);
 }
 
+__global__ void f32_to_bf16_2d_kernel(const float* src, int64_t src_ld, __nv_bfloat16* dst, int64_t dst_ld,
+                                      int64_t rows, int64_t cols) {
+  const int64_t total = rows * cols;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    dst[r * dst_ld + c] = __float2bfloat16_rn(src[r * src_ld + c]);
+  }
+}
+
 __global__ void smid_probe_kernel(unsigned* seen) {
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -59,6 +69,14 @@ void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t
   if (n == 0) return;
   bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, stream>>>(src, dst, n);
   LOCUS_CUDA_CHECK_LAUNCH("bf16->fp32 conversion kernel launch");
+}
+
+void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int64_t dst_ld, int64_t rows, int64_t cols,
+                           cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return;
+  f32_to_bf16_2d_kernel<<<grid_for(rows * cols, 256), 256, 0, stream>>>(
+      src, src_ld, reinterpret_cast<__nv_bfloat16*>(dst), dst_ld, rows, cols);
+  LOCUS_CUDA_CHECK_LAUNCH("fp32->bf16 conversion kernel launch");
 }
 
 void launch_smid_probe(unsigned* seen, int blocks, cudaStream_t stream) {
