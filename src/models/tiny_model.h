@@ -10,6 +10,8 @@
 // [N, K/2], weight_scale F8_E4M3 [N, K/16], weight_scale_2 F32 0-d, input_scale F32 0-d); attention,
 // the router gate, embeddings and lm_head stay BF16 and are listed in exclude_modules.
 // Same options and seed -> byte-identical files.
+// Default shapes are aligned for the LD planner: every BF16 linear/BMM/MoE splits over 2 and 4
+// domains; with NVFP4 (128-row scale blocks) every linear and the experts split over 2 domains.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,7 +35,7 @@ struct TinyModelOptions {
   int64_t qk_rope_head_dim = 16;
   int64_t v_head_dim = 32;
   int64_t intermediate_size = 512;
-  int64_t moe_intermediate_size = 128;
+  int64_t moe_intermediate_size = 256;  // 2 x 128 rows: NVFP4 experts split over 2 domains
   int64_t n_routed_experts = 8;
   int64_t num_experts_per_tok = 2;
   int64_t n_group = 2;

@@ -122,7 +122,19 @@ size_t match_deepseek_main(const Cps& t, size_t i) {
 
 }  // namespace
 
-std::optional<SplitPattern> split_pattern_from_regex(const std::string& r) {
+std::optional<SplitPattern> split_pattern_from_regex(const std::string& regex) {
+  // Real tokenizer.json files write some escapes as the characters themselves (DeepSeek-V3's
+  // main pattern holds literal CR and LF inside its classes): compare in the escaped spelling.
+  std::string r;
+  for (char c : regex) {
+    if (c == '\r') {
+      r += "\\r";
+    } else if (c == '\n') {
+      r += "\\n";
+    } else {
+      r += c;
+    }
+  }
   if (r == R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)") return SplitPattern::kGpt2;
   if (r == R"(\p{N}{1,3})") return SplitPattern::kDigits1to3;
   if (r == "[\u4E00-\u9FA5\u3040-\u309F\u30A0-\u30FF]+" || r == R"([\x{4e00}-\x{9fa5}\x{3040}-\x{309f}\x{30a0}-\x{30ff}]+)" ||

