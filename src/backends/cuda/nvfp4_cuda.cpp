@@ -18,10 +18,6 @@ namespace {
 
 using namespace detail;
 
-// Bit positions (sign, e1, e0, m) of the low-half value of pair p in a tile word; the high-half
-// value sits 16 bits higher (nvfp4_layout.h).
-constexpr int kNibbleBits[4][4] = {{15, 8, 7, 6}, {12, 5, 4, 3}, {9, 2, 1, 0}, {14, 13, 11, 10}};
-
 struct HostTiled {
   std::vector<uint8_t> packed;  // N16 * K64 / 2
   std::vector<uint8_t> scales;  // N16 * K64 / 16 + 16 (global scale at the end)
@@ -89,9 +85,9 @@ HostTiled shuffle(const ops::Nvfp4Weight& w) {
             const int64_t k = kb + j;
             const uint8_t byte = q[row * qld + k / 2];
             const uint32_t nib = (k % 2 == 0) ? (byte & 0xF) : (byte >> 4);
-            const int jj = j % 8, p = jj / 2, hi = 16 * (jj % 2);
-            const int* pos = kNibbleBits[p];  // sign, e1, e0, m
-            for (int b = 0; b < 4; ++b) words[j / 8] |= ((nib >> (3 - b)) & 1u) << (pos[b] + hi);
+            const int jj = j % 8, p = jj / 2;
+            const int shift = (jj % 2 == 0) ? 4 * p : 16 + 4 * p;
+            words[j / 8] |= nib << shift;
           }
           std::memcpy(out + 8 * half, words, 8);
         }

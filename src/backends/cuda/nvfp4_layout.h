@@ -7,11 +7,9 @@
 // of the warp that reads it: lane l = 4g + t holds, in 16 bytes at +16*l,
 //   word 0: row 16rt+g,   k = 64c+16t + 0..7      word 1: row 16rt+g,   k = 64c+16t + 8..15
 //   word 2: row 16rt+g+8, k = 64c+16t + 0..7      word 3: row 16rt+g+8, k = 64c+16t + 8..15
-// and inside a word the 8 values k0+j form pairs p = j/2 (even j in the low 16 bits, odd j in the
-// high 16 bits, same positions + 16). The e2m1 bits (sign, e1, e0, m) of a pair's low value sit
-// at bits {15,8,7,6} (p = 0), {12,5,4,3} (p = 1), {9,2,1,0} (p = 2), {14,13,11,10} (p = 3), so
-// w & 0x81C081C0, (w << 3) & .., (w << 6) & .. are already bf16x2 bit patterns and pair 3 takes
-// three shifts. Each lane's 16 K-values are exactly one 16-element scale block, and
+// and inside a word the value k0+j (j = 0..7) sits at nibble 2p (bits 4p..4p+3, p = j/2) for even
+// j, at bits 16+4p..16+4p+3 for odd j: one shift and mask gives a bf16x2 pair. Nibbles keep the
+// e2m1 code (bit 3 = sign). Each lane's 16 K-values are exactly one 16-element scale block, and
 // the MMA's K order is permuted consistently for weights and activations (a sum does not care).
 //
 // Scales: one uint16 per (rt, c, lane) at element (rt*C + c)*32 + l: low byte for row 16rt+g,
