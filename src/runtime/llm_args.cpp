@@ -110,7 +110,7 @@ const Def* find_def(const std::string& key) {
     if (dist < best_d) best_d = dist, best = d.key;
   }
   LOCUS_THROW(source, ": unknown key '", key, "'", best.empty() ? "" : str(" (did you mean '", best, "'?)"),
-              "; run `dump_defaults()` / see docs/llm_args.md for the known keys");
+              "; docs/llm_args.md lists the known keys");
 }
 
 std::string trim(std::string s) {

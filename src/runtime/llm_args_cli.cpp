@@ -16,7 +16,12 @@ LlmArgsCli::LlmArgsCli(CLI::App& app, LlmArgs defaults) : defaults_(std::move(de
     } else {
       std::string& slot = values_[f.key];
       std::string hint = f.type == "list of string" ? " (comma separated)" : "";
-      opt = app.add_option(f.flag, slot, f.help + hint + " [" + f.type + ", default: " + shown + "]");
+      opt = app.add_option(f.flag, slot, f.help + hint + " [default: " + shown + "]");
+      opt->type_name(f.type == "string"           ? "TEXT"
+                     : f.type == "float"          ? "FLOAT"
+                     : f.type == "optional int"   ? "INT|null"
+                     : f.type == "list of string" ? "LIST"
+                                                  : (f.type == "uint64" ? "UINT" : "INT"));
     }
     options_[f.key] = opt;
   }
