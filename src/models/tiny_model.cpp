@@ -83,10 +83,13 @@ Tensor f32_scalar(float v) {
 
 // One weight of the model before quantization.
 struct Weight {
-  std::string name;      // full tensor name, ".weight" included
+  enum Kind { kMatrix, kNorm, kBias };
+  Weight(std::string n, Shape s, Kind k = kMatrix, bool q = false, std::string partner = "")
+      : name(std::move(n)), shape(std::move(s)), kind(k), quantize(q), scale_partner(std::move(partner)) {}
+  std::string name;           // full tensor name, ".weight" included
   Shape shape;
-  enum Kind { kMatrix, kNorm, kBias } kind = kMatrix;
-  bool quantize = false;  // NVFP4 when the options ask for it
+  Kind kind;
+  bool quantize;              // NVFP4 when the options ask for it
   std::string scale_partner;  // gate <-> up: share one global scale (fused gate_up stays exact)
 };
 
