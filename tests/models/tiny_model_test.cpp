@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -188,6 +189,35 @@ TEST(TinyModel, MoreLayersAndBadOptions) {
   bad = TinyModelOptions{};
   bad.num_layers = 0;
   expect_error([&] { tiny_model_config(bad); }, {"num_layers must be positive"});
+}
+
+}  // namespace
+}  // namespace locus::models
+
+namespace locus::models {
+namespace {
+
+// The `locus make-tiny-model` command writes the same checkpoint as the library call.
+TEST(TinyModel, MakeTinyModelCommand) {
+  locus::testing::TempDir d;
+  const std::string out = d.file("log.txt");
+  const std::string cmd = std::string(LOCUS_BINARY_PATH) + " make-tiny-model " + d.file("m") +
+                          " --seed 5 --layers 3 > " + out + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << locus::testing::read_file(out);
+  EXPECT_NE(locus::testing::read_file(out).find("wrote BF16 tiny DeepSeek-V3 model"), std::string::npos);
+  TinyModelOptions o;
+  o.seed = 5;
+  o.num_layers = 3;
+  write_tiny_model(d.file("lib"), o);
+  EXPECT_EQ(locus::testing::read_file(d.file("m/model-00002-of-00002.safetensors")),
+            locus::testing::read_file(d.file("lib/model-00002-of-00002.safetensors")));
+  EXPECT_EQ(load_deepseek_v3_config(d.file("m")).num_hidden_layers, 3);
+
+  const std::string bad = std::string(LOCUS_BINARY_PATH) + " make-tiny-model " + d.file("b") +
+                          " --nvfp4 --hidden-size 40 > " + out + " 2>&1";
+  EXPECT_NE(std::system(bad.c_str()), 0);
+  EXPECT_NE(locus::testing::read_file(out).find("hidden_size=40 is not a multiple of 16"), std::string::npos)
+      << locus::testing::read_file(out);
 }
 
 }  // namespace
