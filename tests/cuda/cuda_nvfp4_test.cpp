@@ -83,6 +83,25 @@ TEST(CudaNvfp4, OutputSliceAndInPlaceReload) {
   EXPECT_LT(rel_error(fetch(slice), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
 }
 
+// The modules' reload copies `packed` and `scales` of a freshly prepared weight into the old
+// buffers; that must carry the (device-resident) global scale too.
+TEST(CudaNvfp4, CopyingPreparedBuffersIsAFullReload) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 2, N = 48, K = 128;
+  ops::Nvfp4Weight w = random_nvfp4(N, K, seed), w2 = random_nvfp4(N, K, seed + 1);
+  w2.global_scale = w.global_scale * 3.f;
+  Tensor x = randn({M, K}, DType::kBF16, seed + 2);
+  Tensor xg = to_gpu(x);
+  ops::Nvfp4Weight dst = cuda::nvfp4_prepare(w, 0, -1), fresh = cuda::nvfp4_prepare(w2, 0, -1);
+  Tensor packed = dst.packed, scales = dst.scales;
+  packed.copy_(fresh.packed);
+  scales.copy_(fresh.scales);
+  Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+  cuda::nvfp4_gemm(xg, dst, {}, y, nullptr);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
+}
+
 TEST(CudaNvfp4, BadInputsAreErrors) {
   LOCUS_REQUIRE_GPU();
   ops::Nvfp4Weight w = random_nvfp4(32, 64, 1);

@@ -62,7 +62,7 @@ HostTiled shuffle(const ops::Nvfp4Weight& w) {
   h.k64 = nvfp4_padded_k(w.k);
   const int64_t C = h.k64 / kNvfp4ChunkK;
   h.packed.assign(static_cast<size_t>(h.n16 * h.k64 / 2), 0);
-  h.scales.assign(static_cast<size_t>(h.n16 * h.k64 / 16 + 16), 0);
+  h.scales.assign(static_cast<size_t>(h.n16 * h.k64 / 16 + kNvfp4GlobalScaleBytes), 0);
   const uint8_t* q = packed.data<uint8_t>();
   const uint8_t* s = scales.data<uint8_t>();
   const int64_t qld = packed.stride(0), sld = scales.stride(0);
@@ -95,11 +95,13 @@ HostTiled shuffle(const ops::Nvfp4Weight& w) {
     }
   }
   std::memcpy(&h.scales[static_cast<size_t>(h.n16 * h.k64 / 16)], &w.global_scale, sizeof(float));
+  static_assert(kNvfp4GlobalScaleBytes >= sizeof(float));
   return h;
 }
 
 void upload(const HostTiled& h, const ops::Nvfp4Weight& dst) {
-  // dst.scales is a view of the first N16*K64/16 bytes; the global scale follows it.
+  LOCUS_CHECK(dst.scales.is_contiguous() && dst.scales.nbytes() == h.scales.size(),
+              "nvfp4 upload: scale buffer has the wrong size");
   LOCUS_CHECK(dst.packed.is_contiguous() && dst.packed.nbytes() == h.packed.size(),
               "nvfp4 upload: destination buffer has the wrong size");
   LOCUS_CUDA_CHECK(cudaMemcpy(dst.packed.data_ptr(), h.packed.data(), h.packed.size(), cudaMemcpyHostToDevice));
@@ -111,7 +113,7 @@ void check_tiled(const ops::Nvfp4Weight& w, const char* op) {
   LOCUS_CHECK(w.packed.defined() && w.packed.device().is_cuda() && w.scales.defined() && w.scales.device().is_cuda(),
               op, ": the prepared weight's tensors must be on a CUDA device");
   LOCUS_CHECK(w.packed.numel() == nvfp4_padded_rows(w.n) * nvfp4_padded_k(w.k) / 2 &&
-                  w.scales.numel() == nvfp4_padded_rows(w.n) * nvfp4_padded_k(w.k) / 16,
+                  w.scales.numel() == nvfp4_padded_rows(w.n) * nvfp4_padded_k(w.k) / 16 + kNvfp4GlobalScaleBytes,
               op, ": the prepared weight's buffers do not match N=", w.n, " K=", w.k);
 }
 
@@ -143,7 +145,7 @@ Nvfp4GemmArgs base_args(const Tensor& x, const ops::Nvfp4Weight& w) {
   a.x_ld = x.stride(0);
   a.w_tiles = w.packed.data<uint8_t>();
   a.w_scales = w.scales.data<uint16_t>();
-  a.global_scale = reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel());
+  a.global_scale = reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - kNvfp4GlobalScaleBytes);
   a.k = w.k;
   a.m = x.size(0);
   a.k_chunks = nvfp4_padded_k(w.k) / kNvfp4ChunkK;
@@ -166,8 +168,9 @@ ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_in
   out.layout = ops::Nvfp4Layout::kCudaTiled;
   const Device dev = Device::cuda(device_index);
   out.packed = Tensor::empty({h.n16, h.k64 / 2}, DType::kU8, dev, domain);
-  Tensor scale_storage = Tensor::empty({static_cast<int64_t>(h.scales.size())}, DType::kU8, dev, domain);
-  out.scales = scale_storage.slice(0, 0, h.n16 * h.k64 / 16).view({h.n16, h.k64 / 16});
+  // One flat buffer: the scale array, then the global scale, so that copying `packed` and
+  // `scales` of a freshly prepared weight into this one is a complete in-place reload.
+  out.scales = Tensor::empty({static_cast<int64_t>(h.scales.size())}, DType::kU8, dev, domain);
   upload(h, out);
   return out;
 }
@@ -185,11 +188,10 @@ ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain) {
   const Device dev = tiled.packed.device();
   out.packed = Tensor::empty(tiled.packed.shape(), DType::kU8, dev, domain);
   const int64_t sbytes = tiled.scales.numel();
-  Tensor scale_storage = Tensor::empty({sbytes + 16}, DType::kU8, dev, domain);
-  out.scales = scale_storage.slice(0, 0, sbytes).view(tiled.scales.shape());
+  out.scales = Tensor::empty({sbytes}, DType::kU8, dev, domain);
   set_device(dev.index);
   LOCUS_CUDA_CHECK(cudaMemcpy(out.packed.data_ptr(), tiled.packed.data_ptr(), tiled.packed.nbytes(), cudaMemcpyDeviceToDevice));
-  LOCUS_CUDA_CHECK(cudaMemcpy(out.scales.data_ptr(), tiled.scales.data_ptr(), sbytes + 16, cudaMemcpyDeviceToDevice));
+  LOCUS_CUDA_CHECK(cudaMemcpy(out.scales.data_ptr(), tiled.scales.data_ptr(), sbytes, cudaMemcpyDeviceToDevice));
   LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
   return out;
 }

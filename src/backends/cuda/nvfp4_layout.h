@@ -16,9 +16,10 @@
 // high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
 // as S = ((e + 9) << 3) | m with v = 2^e (1 + m/8) (e in [-9, 8], subnormal e4m3 normalized), so
 // that the bf16 bits of v * 2^110 are S*16 + (228 << 7): one integer multiply-add in the kernel.
-// A zero scale gets S = 0 and its 16 nibbles are zeroed. The fp32 global scale follows the
-// scale array in the same allocation (so an in-place reload rewrites it too, and captured graphs
-// see the new value).
+// A zero scale gets S = 0 and its 16 nibbles are zeroed. The prepared weight's `scales` tensor is
+// one flat U8 buffer [N16*K64/16 + 16]: the scale array, then the fp32 global scale (16 bytes
+// reserved). The kernel reads the global scale from there, so an in-place reload that copies
+// `packed` and `scales` (or nvfp4_prepare_into) rewrites it too and captured graphs see it.
 //
 // In the kernel, nibble bits placed at bf16 bits 15, 8..6 give e2m1 * 2^-126 exactly; times the
 // bf16 scale (v * 2^110) the product is exact (2 x 4 significant bits), so the accumulators hold
@@ -34,6 +35,7 @@ constexpr int kNvfp4TileBytes = 512;
 constexpr int kNvfp4ScaleExpBias = 9;    // e + 9 >= 0 for every e4m3 value
 constexpr uint32_t kNvfp4ScaleBf16Base = 228u << 7;  // 127 + 110 - 9 = 228
 constexpr float kNvfp4AccUnscale = 65536.f;          // 2^(126 - 110)
+constexpr int64_t kNvfp4GlobalScaleBytes = 16;       // reserved after the scale array
 
 inline int64_t nvfp4_padded_rows(int64_t n) { return (n + 15) / 16 * 16; }
 inline int64_t nvfp4_padded_k(int64_t k) { return (k + 63) / 64 * 64; }
