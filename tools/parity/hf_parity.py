@@ -120,7 +120,7 @@ def build_hf_model(model_dir, seed, device):
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
         n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
         routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=128, kv_lora_rank=64,
-        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, max_position_embeddings=2048,
+        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, max_position_embeddings=163840,
         rope_interleave=True, tie_word_embeddings=False, initializer_range=0.02,
         rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
