@@ -33,7 +33,8 @@ struct TensorInfo {
 
 class SafetensorsFile {
  public:
-  // Maps the file read-only and validates its header. Throws Error naming the path.
+  // Maps the file (private copy-on-write: the file is never modified) and validates its header.
+  // Throws Error naming the path.
   static std::shared_ptr<SafetensorsFile> open(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -47,7 +48,8 @@ class SafetensorsFile {
   bool has(const std::string& name) const { return infos_.count(name) != 0; }
   // Dtype/shape/offsets without touching the data; Error naming the tensor and the file.
   const TensorInfo& info(const std::string& name) const;
-  // A borrowed, contiguous CPU view of the mapped bytes (read-only memory: do not write to it).
+  // A borrowed, contiguous CPU view of the mapped bytes (no copy; pages load on first touch).
+  // Writing through it changes only this process's copy, never the file.
   // Its storage keeps this file mapped for as long as the tensor lives.
   Tensor get(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }

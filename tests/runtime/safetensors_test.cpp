@@ -65,6 +65,9 @@ TEST(Safetensors, RoundTripKeepsBytesShapesAndMetadata) {
   Tensor keep = f->get("b");
   f.reset();
   EXPECT_TRUE(locus::testing::bitwise_equal(keep, b));
+  // Writing through a borrowed view changes this process's copy only, never the file.
+  keep.data<float>()[0] = 12345.f;
+  EXPECT_TRUE(locus::testing::bitwise_equal(SafetensorsFile::open(tmp.file("x.safetensors"))->get("b"), b));
 }
 
 TEST(Safetensors, CorruptFilesGiveClearErrors) {
