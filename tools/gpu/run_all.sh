@@ -30,6 +30,14 @@ ldd "$CARRY/locus_cuda_tests" | grep -E "not found" && echo "MISSING LIBRARIES"
 timeout 300 "$CARRY/locus_cuda_tests" --gtest_brief=0 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|Failure|error" | head -60
 test_rc=${PIPESTATUS[0]}
 echo "locus_cuda_tests exit code: $test_rc"
+# The whole CPU suite too: its CudaLocality.* tests (topology, green-context domains, partitioned
+# ops in a graph) only run where a GPU is present.
+if [[ -x "$CARRY/locus_tests" ]]; then
+  timeout 300 "$CARRY/locus_tests" --gtest_brief=1 2>&1 | tee "$OUT/locus_tests.log" | tail -n 15
+  cpu_rc=${PIPESTATUS[0]}
+  echo "locus_tests exit code: $cpu_rc"
+  ((test_rc == 0)) && test_rc=$cpu_rc
+fi
 ((tests_only)) && exit "$test_rc"
 
 timeout 420 "$CARRY/cuda_gemm_bench" --split "$split" $quick --out "$OUT/bench_${split}.md" 2>&1 | tee "$OUT/bench_${split}.log" | tail -n 80
