@@ -137,6 +137,12 @@ std::vector<LayerPlan> plan_deepseek_model(const DeepseekShapes& s, const Planne
     linear("q_proj", attn + "q_proj", s.layers, s.hidden, s.heads * qk_head);
   }
   linear("kv_a_proj", attn + "kv_a_proj_with_mqa", s.layers, s.hidden, s.kv_lora_rank + s.qk_rope);
+  // The MLA module keeps it whole even where the planner would split it: report what really runs.
+  if (out.back().plan.enabled) {
+    out.back().plan.enabled = false;
+    out.back().plan.reason = kKvAProjUnpartitionedReason;
+    out.back().domain_bytes.clear();
+  }
   // MLA weight absorption: kv_b_proj becomes two per-head BMM operands (split over heads).
   out.push_back(bmm_entry(planner, "kv_b absorbed k", attn + "kv_b_proj.k_absorbed", s.layers, s.heads, s.qk_nope,
                           s.kv_lora_rank));

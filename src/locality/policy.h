@@ -10,6 +10,11 @@ enum class OpKind { kBf16Linear, kNvfp4Linear, kBf16Bmm, kBf16Moe, kNvfp4Moe };
 const char* op_kind_name(OpKind k);         // "bf16_linear", ...
 OpKind op_kind_from_name(const std::string& name);  // throws naming the unknown op
 
+// Modules whose outputs the design keeps whole regardless of the policy, and why. MLA's
+// kv_a_proj_with_mqa writes [c_kv | k_pe], which feeds the latent cache shared by all heads.
+inline constexpr const char* kKvAProjUnpartitionedReason =
+    "kv_a_proj_with_mqa is never partitioned (its c_kv | k_pe output feeds the shared latent cache)";
+
 struct LocalityDomainPolicy {
   bool enabled = false;
   int num_partitions = 0;  // 0 = the topology's domain count

@@ -72,7 +72,7 @@ MLA::MLA(ModuleContext ctx, MlaConfig cfg) : Module(std::move(ctx)), cfg_(cfg) {
     q_proj_ = make_linear(ctx_, "q_proj", c.hidden_size, H * (dn + dr));
   }
   kv_a_proj_ = make_linear(ctx_, "kv_a_proj_with_mqa", c.hidden_size, dc + dr, false,
-                           "kv_a_proj_with_mqa is never partitioned (its c_kv | k_pe output feeds the shared latent cache)");
+                           locality::kKvAProjUnpartitionedReason);
   kv_a_layernorm_ = std::make_unique<RMSNorm>(ctx_.child("kv_a_layernorm"), dc, c.rms_norm_eps);
   kv_b_proj_ = make_linear(ctx_, "kv_b_proj", dc, H * (dn + dv));
   o_proj_ = make_linear(ctx_, "o_proj", H * dv, c.hidden_size);

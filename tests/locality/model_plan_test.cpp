@@ -37,7 +37,10 @@ TEST(ModelPlan, DeepSeekV3TwoDomainsBf16) {
   EXPECT_EQ(m["q_a_proj"].count, 61);
   EXPECT_EQ(m["q_a_proj"].shape, "[1536, 7168]");
   EXPECT_EQ(m["q_a_proj"].domain_bytes, (std::vector<int64_t>{768LL * 7168 * 2, 768LL * 7168 * 2}));
-  EXPECT_TRUE(m["kv_a_proj"].plan.enabled);  // 576 = 2 x 288, both multiples of 16
+  // 576 = 2 x 288 would split, but MLA keeps kv_a whole, and the plan says so.
+  EXPECT_FALSE(m["kv_a_proj"].plan.enabled);
+  EXPECT_EQ(m["kv_a_proj"].plan.reason, kKvAProjUnpartitionedReason);
+  EXPECT_TRUE(m["kv_a_proj"].domain_bytes.empty());
   EXPECT_EQ(m["kv_b absorbed k"].shape, "128 x [128, 512]");
   EXPECT_EQ(m["kv_b absorbed k"].plan.describe(), "partitioned 2 x [0,64) [64,128)");
   EXPECT_EQ(m["dense gate_up"].shape, "[36864, 7168]");
