@@ -1,8 +1,7 @@
 #include "locality/policy.h"
 
-#include <fnmatch.h>
-
 #include "core/error.h"
+#include "core/module_pattern.h"
 #include "locality/topology.h"
 
 namespace locus::locality {
@@ -28,7 +27,7 @@ OpKind op_kind_from_name(const std::string& name) {
 
 std::string LocalityDomainPolicy::excluding_pattern(const std::string& module) const {
   for (const std::string& pattern : exclude_modules) {
-    if (fnmatch(pattern.c_str(), module.c_str(), 0) == 0) return pattern;
+    if (module_pattern_matches(pattern, module)) return pattern;
   }
   return "";
 }

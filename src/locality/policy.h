@@ -20,7 +20,8 @@ struct LocalityDomainPolicy {
   int num_partitions = 0;  // 0 = the topology's domain count
   std::set<OpKind> allowed_ops = {OpKind::kBf16Linear, OpKind::kNvfp4Linear, OpKind::kBf16Bmm,
                                   OpKind::kBf16Moe, OpKind::kNvfp4Moe};
-  // fnmatch-style patterns over module names ("model.layers.3.mlp.shared_experts.gate_up_proj").
+  // Patterns over module names ("model.layers.3.mlp.shared_experts.gate_up_proj"), matched as
+  // core/module_pattern.h says (fnmatch on the name and each dotted prefix).
   std::vector<std::string> exclude_modules = {"*shared_experts*", "*.mlp.gate", "lm_head"};
 
   // The first pattern that excludes `module`, or "" when none does.

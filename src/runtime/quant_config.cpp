@@ -1,12 +1,12 @@
 #include "runtime/quant_config.h"
 
-#include <fnmatch.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/module_pattern.h"
 
 namespace locus::runtime {
 namespace {
@@ -59,14 +59,6 @@ const char* quant_algo_name(QuantAlgo a) {
     case QuantAlgo::kNvfp4W4A16: return "W4A16_NVFP4";
   }
   return "invalid";
-}
-
-bool module_pattern_matches(const std::string& pattern, const std::string& name) {
-  if (::fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return true;
-  for (size_t pos = name.find('.'); pos != std::string::npos; pos = name.find('.', pos + 1)) {
-    if (::fnmatch(pattern.c_str(), name.substr(0, pos).c_str(), 0) == 0) return true;
-  }
-  return false;
 }
 
 std::string QuantConfig::excluding_pattern(const std::string& module) const {

@@ -7,6 +7,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+
 #include <vector>
 
 namespace locus::runtime {
@@ -34,9 +35,6 @@ struct QuantConfig {
   std::string excluding_pattern(const std::string& module) const;
 };
 
-// fnmatch(3) semantics without FNM_PATHNAME ('*' also matches '.'), applied to `name` and to each
-// of its dotted prefixes.
-bool module_pattern_matches(const std::string& pattern, const std::string& name);
 
 // Parses the two JSON forms; `source` names the file in errors. Errors: unsupported quant_algo or
 // quant_method (named), group_size other than 16 for NVFP4, wrong JSON types (key named).

@@ -36,15 +36,7 @@ void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
   const float* bp = bf.empty() ? nullptr : bf.data();
   detail::run_dot_panels(
       1, m, n, k, {xf.data(), k, 0}, src,
-      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
-        for (int64_t i = 0; i < mb; ++i)
-          for (int64_t c = 0; c < nj; ++c) {
-            float v = res[i * ldr + c];
-            if (bp) v += bp[j0 + c];
-            out.store(m0 + i, j0 + c, v);
-          }
-      },
-      pool);
+      detail::bias_store_epilogue(out, bp), pool);
 }
 
 void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, ThreadPool& pool) {
@@ -54,12 +46,7 @@ void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, Thre
   Bf16Rows<2> src{w_gate_up.data<uint16_t>(), w_gate_up.stride(0), inter};
   detail::run_dot_panels(
       1, m, inter, k, {xf.data(), k, 0}, src,
-      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
-        for (int64_t i = 0; i < mb; ++i)
-          for (int64_t c = 0; c < nj; ++c)
-            out.store(m0 + i, j0 + c, detail::silu_mul(res[i * ldr + c], res[i * ldr + nj + c]));
-      },
-      pool);
+      detail::swiglu_store_epilogue(out), pool);
 }
 
 void swiglu(const Tensor& gate_up, const Tensor& y, ThreadPool& pool) {

@@ -180,15 +180,7 @@ void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, 
   const detail::OutRows out(y);
   detail::run_dot_panels(
       1, m, n, k, {xf.data(), k, 0}, Nvfp4Rows<1>{&w, 0},
-      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
-        for (int64_t i = 0; i < mb; ++i)
-          for (int64_t c = 0; c < nj; ++c) {
-            float v = res[i * ldr + c];
-            if (bp) v += bp[j0 + c];
-            out.store(m0 + i, j0 + c, v);
-          }
-      },
-      pool);
+      detail::bias_store_epilogue(out, bp), pool);
 }
 
 void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, ThreadPool& pool) {
@@ -197,12 +189,7 @@ void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor&
   const detail::OutRows out(y);
   detail::run_dot_panels(
       1, m, inter, k, {xf.data(), k, 0}, Nvfp4Rows<2>{&w, inter},
-      [&](int64_t, int64_t m0, int64_t mb, int64_t j0, int64_t nj, const float* res, int64_t ldr) {
-        for (int64_t i = 0; i < mb; ++i)
-          for (int64_t c = 0; c < nj; ++c)
-            out.store(m0 + i, j0 + c, detail::silu_mul(res[i * ldr + c], res[i * ldr + nj + c]));
-      },
-      pool);
+      detail::swiglu_store_epilogue(out), pool);
 }
 
 }  // namespace locus::cpu
