@@ -124,15 +124,22 @@ void DeepseekV3ForCausalLM::rebuild() {
   for (auto* c : children()) c->rebuild();
 }
 
-void DeepseekV3ForCausalLM::reload(const modules::WeightMap& weights) {
-  std::map<modules::Module*, modules::WeightMap> per_child;
+modules::ChildWeights DeepseekV3ForCausalLM::split_by_child(const modules::WeightMap& weights) const {
+  modules::ChildWeights per_child;
   for (const auto& [name, t] : weights) {
     std::string rest;
     modules::Module* m = route(name, &rest);
     LOCUS_CHECK(m != nullptr, "reload: unexpected tensor ", name);
     per_child[m][rest] = t;
   }
-  for (auto& [child, w] : per_child) child->reload(w);
+  return per_child;
+}
+
+void DeepseekV3ForCausalLM::check_reload(const modules::WeightMap& weights) const {
+  modules::check_children(split_by_child(weights));
+}
+void DeepseekV3ForCausalLM::reload(const modules::WeightMap& weights) {
+  modules::reload_children(split_by_child(weights));
 }
 
 modules::MemoryUsage DeepseekV3ForCausalLM::memory() const {

@@ -49,7 +49,8 @@ class DeepseekV3ForCausalLM : public modules::Module {
   std::vector<std::string> missing_pieces() const override;      // full names
   void transform() override;
   void localize() override;
-  void reload(const modules::WeightMap& weights) override;       // full names
+  void reload(const modules::WeightMap& weights) override;       // full names; all-or-nothing
+  void check_reload(const modules::WeightMap& weights) const override;
   void rebuild() override;
   modules::MemoryUsage memory() const override;
   void collect_plans(std::vector<modules::PlanRecord>* out) const override;
@@ -75,6 +76,7 @@ class DeepseekV3ForCausalLM : public modules::Module {
   std::vector<modules::Module*> children() const;
   // The child owning `name` and the name relative to it; null when none does.
   modules::Module* route(const std::string& name, std::string* rest) const;
+  modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;  // unknown name: Error
 
   DeepseekV3Config cfg_;
   DeepseekV3BuildOptions opts_;

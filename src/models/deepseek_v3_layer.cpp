@@ -149,14 +149,19 @@ void DecoderLayer::rebuild() {
   for (auto* c : children()) c->rebuild();
 }
 
-void DecoderLayer::reload(const modules::WeightMap& weights) {
-  std::map<modules::Module*, modules::WeightMap> per_child;
+modules::ChildWeights DecoderLayer::split_by_child(const modules::WeightMap& weights) const {
+  modules::ChildWeights per_child;
   for (const auto& [piece, t] : weights) {
     std::string rest;
     per_child[&route(piece, &rest)][rest] = t;
   }
-  for (auto& [child, w] : per_child) child->reload(w);
+  return per_child;
 }
+
+void DecoderLayer::check_reload(const modules::WeightMap& weights) const {
+  modules::check_children(split_by_child(weights));
+}
+void DecoderLayer::reload(const modules::WeightMap& weights) { modules::reload_children(split_by_child(weights)); }
 
 modules::MemoryUsage DecoderLayer::memory() const {
   modules::MemoryUsage m;

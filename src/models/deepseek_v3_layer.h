@@ -37,7 +37,8 @@ class DecoderLayer : public modules::Module {
   std::vector<std::string> missing_pieces() const override;
   void transform() override;
   void localize() override;
-  void reload(const modules::WeightMap& weights) override;
+  void reload(const modules::WeightMap& weights) override;  // all-or-nothing: every child checked first
+  void check_reload(const modules::WeightMap& weights) const override;
   void rebuild() override;
   modules::MemoryUsage memory() const override;
   void collect_plans(std::vector<modules::PlanRecord>* out) const override;
@@ -55,6 +56,7 @@ class DecoderLayer : public modules::Module {
   std::vector<modules::Module*> children() const;
   // Splits "self_attn.x.weight" into the child and its relative piece; Error naming the piece.
   modules::Module& route(const std::string& piece, std::string* rest) const;
+  modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;
 
   int64_t index_;
   std::unique_ptr<modules::RMSNorm> input_layernorm_, post_attention_layernorm_;

@@ -87,17 +87,17 @@ void GatedMLP::split(const WeightMap& weights, WeightMap* gu, WeightMap* dn) con
 void GatedMLP::check_reload(const WeightMap& weights) const {
   WeightMap gu, dn;
   split(weights, &gu, &dn);
-  gate_up_->check_reload(gu);
-  down_->check_reload(dn);
+  // Like MLA and MoE: a projection with no tensors in this reload keeps its weights.
+  if (!gu.empty()) gate_up_->check_reload(gu);
+  if (!dn.empty()) down_->check_reload(dn);
 }
 
 void GatedMLP::reload(const WeightMap& weights) {
   WeightMap gu, dn;
   split(weights, &gu, &dn);
-  gate_up_->check_reload(gu);  // both validated before either is written
-  down_->check_reload(dn);
-  gate_up_->reload(gu);
-  down_->reload(dn);
+  check_reload(weights);  // both validated before either is written
+  if (!gu.empty()) gate_up_->reload(gu);
+  if (!dn.empty()) down_->reload(dn);
 }
 
 void GatedMLP::rebuild() {

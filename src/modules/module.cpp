@@ -42,6 +42,15 @@ bool ModuleContext::locality_enabled() const { return planner && runtime && plan
 
 Module::Module(ModuleContext ctx) : ctx_(std::move(ctx)) {}
 
+void check_children(const ChildWeights& per_child) {
+  for (const auto& [child, w] : per_child) child->check_reload(w);
+}
+
+void reload_children(const ChildWeights& per_child) {
+  check_children(per_child);
+  for (const auto& [child, w] : per_child) child->reload(w);
+}
+
 locality::Plan disabled_plan(std::string reason, locality::OpKind op) {
   locality::Plan p;
   p.enabled = false;

@@ -106,6 +106,12 @@ class Module {
   LifecycleState state_ = LifecycleState::kEmpty;
 };
 
+// A composite's reload, split by child. reload_children validates every child's part
+// (check_reload) before writing any, so a bad piece anywhere leaves all weights as they were.
+using ChildWeights = std::map<Module*, WeightMap>;
+void check_children(const ChildWeights& per_child);
+void reload_children(const ChildWeights& per_child);
+
 // A disabled plan with `reason` (used when no planner is present or a module refuses to split).
 locality::Plan disabled_plan(std::string reason, locality::OpKind op);
 

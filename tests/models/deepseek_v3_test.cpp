@@ -203,3 +203,34 @@ TEST(DeepseekV3Model, ModulesAreNamedByTheirHfPrefixes) {
 
 }  // namespace
 }  // namespace locus::testing
+
+namespace locus::testing {
+namespace {
+
+// A reload is all or nothing: a bad tensor in one layer leaves every layer's weights as they were,
+// even when another layer's tensor in the same call was valid.
+TEST(DeepseekV3Model, ReloadWithOneBadTensorChangesNothing) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto lm = load_model(tiny_model_dir(false), 2);
+  auto& m = *lm.model;
+  const auto& c = lm.config;
+  const auto ids = random_ids(4, c.vocab_size, seed);
+  auto cache0 = m.new_cache(8);
+  const Tensor before = m.forward({{ids, &cache0}}).clone();
+
+  const Tensor good = randn({c.hidden_size, c.intermediate_size}, DType::kBF16, seed + 1, 0.05);
+  const Tensor bad = randn({c.hidden_size + 1, c.num_attention_heads * c.v_head_dim}, DType::kBF16, seed + 2);
+  expect_error([&] {
+    m.reload({{"model.layers.0.mlp.down_proj.weight", good}, {"model.layers.1.self_attn.o_proj.weight", bad}});
+  }, {"o_proj"});
+  auto cache1 = m.new_cache(8);
+  EXPECT_TRUE(bitwise_equal(m.forward({{ids, &cache1}}), before));
+
+  m.reload({{"model.layers.0.mlp.down_proj.weight", good}});
+  auto cache2 = m.new_cache(8);
+  EXPECT_FALSE(bitwise_equal(m.forward({{ids, &cache2}}), before));
+}
+
+}  // namespace
+}  // namespace locus::testing
