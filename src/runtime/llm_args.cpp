@@ -52,7 +52,7 @@ const std::vector<Def>& defs() {
       LOCUS_FIELD("locality_domains.allowed_ops", locality_domains.allowed_ops,
                   "op kinds that may be partitioned: bf16_linear, nvfp4_linear, bf16_bmm, bf16_moe, nvfp4_moe"),
       LOCUS_FIELD("locality_domains.exclude_modules", locality_domains.exclude_modules,
-                  "fnmatch patterns of module names that stay unpartitioned"),
+                  "module-name patterns (fnmatch on the name and its dotted prefixes) that stay unpartitioned"),
       LOCUS_FIELD("cuda_graphs", cuda_graphs, "capture decode steps in CUDA graphs (cuda backend)"),
       LOCUS_FIELD("seed", seed, "random seed for sampling"),
       LOCUS_FIELD("num_threads", num_threads, "CPU worker threads; 0 = the hardware concurrency"),

@@ -30,7 +30,7 @@ struct LocalityDomainArgs {
   int num_partitions = 0;
   // Op kinds that may be partitioned (locality::op_kind_name spelling).
   std::vector<std::string> allowed_ops = {"bf16_linear", "nvfp4_linear", "bf16_bmm", "bf16_moe", "nvfp4_moe"};
-  // fnmatch patterns over module names that stay unpartitioned.
+  // Module-name patterns that stay unpartitioned (core/module_pattern.h: fnmatch on the name and its dotted prefixes).
   std::vector<std::string> exclude_modules = {"*shared_experts*", "*.mlp.gate", "lm_head"};
 };
 
