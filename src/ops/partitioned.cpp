@@ -3,9 +3,10 @@
 #include "ops/partitioned.h"
 
 #include <exception>
-#include <system_error>
-#include <thread>
+#include <map>
+#include <mutex>
 
+#include "backends/cpu/thread_pool.h"
 #include "core/error.h"
 #include "ops/bmm.h"
 #include "ops/gemm.h"
@@ -33,32 +34,34 @@ void rethrow_first(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
-// CPU: every partition on its own host thread (partition 0 on the caller's), each using the
-// worker pool its stream names; CPU ops are synchronous, so the fork has nothing to wait for
-// and the join is joining the threads.
+// CPU: the partitions run concurrently on a persistent fork pool of `count` threads (the caller
+// is one of them), each partition's op on the worker pool its stream names. CPU ops are
+// synchronous, so the fork has nothing to wait for and the join is the end of parallel_for.
+// The pool is kept per partition count: starting threads on every call cost more than a small
+// decode GEMM. With `count` threads every partition gets a thread of its own even while the
+// others block (partitions may wait on each other), and a nested partitioned op on the same
+// pool runs inline (ThreadPool's rule), so nesting cannot deadlock.
+cpu::ThreadPool& fork_pool(int count) {
+  static std::mutex mu;
+  static std::map<int, cpu::ThreadPool*>* pools = new std::map<int, cpu::ThreadPool*>();  // leaked: see ThreadPool::global
+  std::lock_guard<std::mutex> lock(mu);
+  cpu::ThreadPool*& pool = (*pools)[count];
+  if (!pool) pool = new cpu::ThreadPool(count);
+  return *pool;
+}
+
 void run_cpu(const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
   const int count = static_cast<int>(streams.size());
   std::vector<std::exception_ptr> errors(count);
-  auto body = [&](int p) {
-    try {
-      fn(p);
-    } catch (...) {
-      errors[p] = std::current_exception();
+  fork_pool(count).parallel_for(count, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      try {
+        fn(static_cast<int>(p));
+      } catch (...) {
+        errors[p] = std::current_exception();
+      }
     }
-  };
-  std::vector<std::thread> threads;
-  std::vector<int> inline_parts;  // partitions whose thread could not be started run here
-  threads.reserve(count);
-  for (int p = 1; p < count; ++p) {
-    try {
-      threads.emplace_back(body, p);
-    } catch (const std::system_error&) {
-      inline_parts.push_back(p);
-    }
-  }
-  body(0);
-  for (int p : inline_parts) body(p);
-  for (auto& t : threads) t.join();
+  });
   rethrow_first(errors);
 }
 
