@@ -76,6 +76,7 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
     for (size_t i = 0; i < results.size(); ++i)
       std::cout << "[" << i << "] " << o.prompts[i] << tok.decode(results[i].tokens, true) << "\n";
   }
+  std::cout << std::flush;  // the text before the stats line on stderr
   std::string reasons;
   for (size_t i = 0; i < results.size(); ++i) reasons += (i ? "," : "") + results[i].finish_reason;
   std::fprintf(stderr,
