@@ -99,6 +99,27 @@ inline double bf16_gemm_tolerance(int64_t k) { return 4e-3 + 2e-6 * std::sqrt(st
 // generous factor on the random-walk estimate.
 inline double fp32_out_gemm_tolerance(int64_t k) { return 1e-5 * std::sqrt(static_cast<double>(k)) + 1e-6; }
 
+// ref[m, n] = sum_k x[m,k] w[n,k] (+ bias[n]) in fp64; w given as doubles, [n, K] row-major
+// (e.g. a dequantized NVFP4 weight).
+inline std::vector<double> ref_gemm_dense(const Tensor& x, const std::vector<double>& w, int64_t n,
+                                          const Tensor& bias = {}) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const std::vector<double> xv = to_doubles(x);
+  const std::vector<double> bv = bias.defined() ? to_doubles(bias) : std::vector<double>(static_cast<size_t>(n), 0.0);
+  std::vector<double> out(static_cast<size_t>(M * n));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bv[j];
+      for (int64_t k = 0; k < K; ++k) acc += xv[m * K + k] * w[j * K + k];
+      out[m * n + j] = acc;
+    }
+  return out;
+}
+// The same from a weight tensor [N, K] (its stored, rounded values).
+inline std::vector<double> ref_gemm(const Tensor& x, const Tensor& w, const Tensor& bias = {}) {
+  return ref_gemm_dense(x, to_doubles(w), w.size(0), bias);
+}
+
 // Bit-exact comparison of two CPU tensors of the same shape and dtype (any strides).
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;

@@ -32,21 +32,6 @@ inline Tensor fetch(const Tensor& t) {
   return t.to(Device::cpu());
 }
 
-// ref[m, n] = sum_k x[m,k] w[n,k] (+ bias[n]) in fp64 from the stored (rounded) values.
-inline std::vector<double> ref_gemm(const Tensor& x, const Tensor& w, const Tensor& bias = {}) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  std::vector<double> xv = to_doubles(x), wv = to_doubles(w), bv;
-  if (bias.defined()) bv = to_doubles(bias);
-  std::vector<double> out(static_cast<size_t>(M * N));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double s = bias.defined() ? bv[n] : 0.0;
-      for (int64_t k = 0; k < K; ++k) s += xv[m * K + k] * wv[n * K + k];
-      out[m * N + n] = s;
-    }
-  return out;
-}
-
 inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
 
 // SwiGLU over a [M, 2I] fp64 gate/up product.
@@ -96,20 +81,5 @@ inline std::vector<double> dequant_ref(const ops::Nvfp4Weight& w) {
   return out;
 }
 
-// ref = x * W^T with W given as fp64 [N, K].
-inline std::vector<double> ref_gemm_dense(const Tensor& x, const std::vector<double>& w, int64_t n,
-                                          const Tensor& bias = {}) {
-  const int64_t M = x.size(0), K = x.size(1);
-  std::vector<double> xv = to_doubles(x), bv;
-  if (bias.defined()) bv = to_doubles(bias);
-  std::vector<double> out(static_cast<size_t>(M * n));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = bias.defined() ? bv[j] : 0.0;
-      for (int64_t k = 0; k < K; ++k) acc += xv[m * K + k] * w[j * K + k];
-      out[m * n + j] = acc;
-    }
-  return out;
-}
 
 }  // namespace locus::testing

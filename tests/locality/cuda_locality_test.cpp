@@ -49,18 +49,6 @@ class ScopedFakeDomains {
   std::optional<std::string> old_;
 };
 
-std::vector<double> ref_gemm(const std::vector<double>& x, const std::vector<double>& w, int64_t m, int64_t n,
-                             int64_t k) {
-  std::vector<double> y(m * n, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t c = 0; c < k; ++c) s += x[i * k + c] * w[j * k + c];
-      y[i * n + j] = s;
-    }
-  return y;
-}
-
 // fill_nan_ runs outside our (non-blocking) streams: wait for it before queuing work.
 void poison(Tensor& t) {
   t.fill_nan_();
@@ -149,7 +137,7 @@ TEST_F(CudaLocality, PartitionedOpsOnDomainStreamsAndInAGraph) {
       EXPECT_TRUE(shards.back().device().is_cuda());
     }
     const auto slices = partition_slices(plan.layout, rt);
-    const std::vector<double> ref = ref_gemm(to_doubles(x), to_doubles(w), m, n, k);
+    const std::vector<double> ref = ref_gemm(x, w);
     Tensor y = Tensor::empty({m, n}, DType::kBF16, Device::cuda(0));
     poison(y);
     ops::gemm_partitioned(xg, shards, Tensor(), y, slices, caller());
@@ -173,7 +161,7 @@ TEST_F(CudaLocality, PartitionedOpsOnDomainStreamsAndInAGraph) {
     for (int p = 0; p < qplan.num_partitions; ++p) {
       qshards.push_back(make_nvfp4_shard(wq, qplan.layout, p, rt.place_for_partition(p)));
     }
-    const std::vector<double> qref = ref_gemm(to_doubles(x), to_doubles(ops::nvfp4_dequantize(wq)), m, n, k);
+    const std::vector<double> qref = ref_gemm(x, ops::nvfp4_dequantize(wq));
     Tensor yq = Tensor::empty({m, n}, DType::kBF16, Device::cuda(0));
     poison(yq);
     ops::nvfp4_gemm_partitioned(xg, qshards, Tensor(), yq, partition_slices(qplan.layout, rt), caller());

@@ -59,21 +59,6 @@ std::vector<ops::Nvfp4Weight> nvfp4_shards(const ops::Nvfp4Weight& w, const Part
   return out;
 }
 
-// fp64 reference of x w^T + bias, to show the compared results are real products.
-std::vector<double> reference_gemm(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const int64_t m = x.size(0), n = w.size(0), k = x.size(1);
-  std::vector<double> xs = testing::to_doubles(x), ws = testing::to_doubles(w);
-  std::vector<double> bs = bias.defined() ? testing::to_doubles(bias) : std::vector<double>(n, 0.0);
-  std::vector<double> y(m * n);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = bs[j];
-      for (int64_t c = 0; c < k; ++c) acc += xs[i * k + c] * ws[j * k + c];
-      y[i * n + j] = acc;
-    }
-  }
-  return y;
-}
 
 // Every element of the columns outside [c0, c1) of `wide` is still NaN (never written).
 bool outside_still_poisoned(const Tensor& wide, int64_t c0, int64_t c1) {
@@ -100,7 +85,7 @@ TEST_P(PartitionedOps, GemmEqualsUnpartitionedBitForBit) {
     Tensor ref = Tensor::empty({m, n}, out);
     ref.fill_nan_();
     ops::gemm(x, w, bias, ref);
-    EXPECT_LT(testing::rel_error(ref, reference_gemm(x, w, bias)),
+    EXPECT_LT(testing::rel_error(ref, testing::ref_gemm(x, w, bias)),
               out == DType::kBF16 ? testing::bf16_gemm_tolerance(k) : testing::fp32_out_gemm_tolerance(k));
     // The output is itself a column slice of a wider poisoned buffer.
     Tensor wide = Tensor::empty({m, n + 24}, out);

@@ -20,22 +20,9 @@ using testing::fp32_out_gemm_tolerance;
 using testing::fresh_seed;
 using testing::get;
 using testing::randn;
+using testing::ref_gemm;
 using testing::rel_error;
 
-// ref[m][n] = sum_k x[m,k] w[n,k] (+ bias[n]) in double.
-std::vector<double> ref_gemm(const Tensor& x, const Tensor& w, const Tensor& bias) {
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  std::vector<double> xd = testing::to_doubles(x), wd = testing::to_doubles(w);
-  std::vector<double> bd = bias.defined() ? testing::to_doubles(bias) : std::vector<double>{};
-  std::vector<double> out(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = bd.empty() ? 0.0 : bd[j];
-      for (int64_t kk = 0; kk < k; ++kk) s += xd[i * k + kk] * wd[j * k + kk];
-      out[i * n + j] = s;
-    }
-  return out;
-}
 
 double silu_d(double g) { return g / (1.0 + std::exp(-g)); }
 

@@ -137,19 +137,6 @@ TEST(Nvfp4Dequantize, EveryByteAndScaleFollowTheDocumentedFormulaBitForBit) {
     }
 }
 
-std::vector<double> ref_gemm_fp32w(const Tensor& x, const Tensor& wf, const Tensor& bias) {
-  const int64_t m = x.size(0), k = x.size(1), n = wf.size(0);
-  std::vector<double> xd = testing::to_doubles(x), wd = testing::to_doubles(wf), out(static_cast<size_t>(m * n));
-  std::vector<double> bd = bias.defined() ? testing::to_doubles(bias) : std::vector<double>(n, 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = bd[j];
-      for (int64_t kk = 0; kk < k; ++kk) s += xd[i * k + kk] * wd[j * k + kk];
-      out[i * n + j] = s;
-    }
-  return out;
-}
-
 TEST(Nvfp4Gemm, MatchesFp64OnTheDequantizedWeight) {
   for (int64_t m : {1, 5, 19}) {
     const uint64_t seed = fresh_seed();
@@ -162,11 +149,11 @@ TEST(Nvfp4Gemm, MatchesFp64OnTheDequantizedWeight) {
     Tensor y = Tensor::empty({m, n}, DType::kBF16);
     y.fill_nan_();
     ops::nvfp4_gemm(x, w, bias, y);
-    EXPECT_LT(rel_error(y, ref_gemm_fp32w(x, wf, bias)), bf16_gemm_tolerance(k));
+    EXPECT_LT(rel_error(y, testing::ref_gemm(x, wf, bias)), bf16_gemm_tolerance(k));
     Tensor y32 = Tensor::empty({m, n}, DType::kFP32);
     y32.fill_nan_();
     ops::nvfp4_gemm(x, w, Tensor(), y32);
-    EXPECT_LT(rel_error(y32, ref_gemm_fp32w(x, wf, Tensor())), fp32_out_gemm_tolerance(k));
+    EXPECT_LT(rel_error(y32, testing::ref_gemm(x, wf, Tensor())), fp32_out_gemm_tolerance(k));
   }
 }
 
@@ -213,7 +200,7 @@ TEST(Nvfp4GemmSwiglu, MatchesFp64AndUnfusedAndShards) {
   Tensor y = Tensor::empty({m, inter}, DType::kBF16);
   y.fill_nan_();
   ops::nvfp4_gemm_swiglu(x, w, y);
-  std::vector<double> gu = ref_gemm_fp32w(x, ops::nvfp4_dequantize(w), Tensor()), ref(static_cast<size_t>(m * inter));
+  std::vector<double> gu = testing::ref_gemm(x, ops::nvfp4_dequantize(w), Tensor()), ref(static_cast<size_t>(m * inter));
   for (int64_t i = 0; i < m; ++i)
     for (int64_t c = 0; c < inter; ++c) {
       const double g = gu[i * 2 * inter + c], u = gu[i * 2 * inter + inter + c];
