@@ -6,12 +6,23 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/device_hooks.h"
 #include "core/float_convert.h"
 #include "core/tensor.h"
 
 namespace locus::testing {
+
+#if defined(LOCUS_BINARY_PATH)
+// The `locus` executable the CLI tests start: $LOCUS_BIN when set (on the GPU machine the binaries
+// run from a copy, not from the build tree), else the build's path compiled in.
+inline std::string locus_binary() {
+  const char* env = std::getenv("LOCUS_BIN");
+  return env && *env ? std::string(env) : std::string(LOCUS_BINARY_PATH);
+}
+#endif
 
 // A fresh seed per call so inputs differ between runs of a test unless LOCUS_TEST_SEED is set;
 // the seed is printed on failure through the returned value (log it with SCOPED_TRACE).
@@ -23,6 +34,17 @@ inline uint64_t fresh_seed() {
   static uint64_t counter = 0;
   return base + 0x9E3779B97F4A7C15ull * ++counter;
 }
+
+// Every allocation on every backend is filled with NaN bytes while this lives
+// (set_poison_allocations): outputs an op leaves unwritten fail rel_error, also deep inside a
+// model where the test cannot poison the buffers itself.
+class ScopedPoisonedAllocations {
+ public:
+  ScopedPoisonedAllocations() { set_poison_allocations(true); }
+  ~ScopedPoisonedAllocations() { set_poison_allocations(false); }
+  ScopedPoisonedAllocations(const ScopedPoisonedAllocations&) = delete;
+  ScopedPoisonedAllocations& operator=(const ScopedPoisonedAllocations&) = delete;
+};
 
 // Element read/write as double for the float dtypes (CPU tensors, any strides).
 inline double get(const Tensor& t, int64_t flat_index_in_shape) {

@@ -1,6 +1,7 @@
 #include "core/device_hooks.h"
 
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -20,8 +21,10 @@ class CpuHooks final : public DeviceHooks {
     size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) LOCUS_THROW("host allocation of ", bytes, " bytes failed");
+    if (poison_) std::memset(p, 0xFF, rounded);
     return p;
   }
+  void set_poison_allocations(bool on) override { poison_ = on; }
   void deallocate(void* ptr, size_t, int, int) override { std::free(ptr); }
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     LOCUS_CHECK(dd.is_cpu() && sd.is_cpu(), "CPU copy hook got a non-CPU side");
@@ -34,6 +37,9 @@ class CpuHooks final : public DeviceHooks {
       std::memcpy(static_cast<char*>(dst) + r * dp, static_cast<const char*>(src) + r * sp, row_bytes);
   }
   void fill_bytes(void* dst, int, uint8_t value, size_t bytes) override { std::memset(dst, value, bytes); }
+
+ private:
+  std::atomic<bool> poison_{false};
 };
 
 struct Registry {
@@ -93,6 +99,26 @@ int64_t live_bytes_total(Device device) {
       total += s.live_bytes;
   }
   return total;
+}
+
+CacheStats device_cache_stats(Device device, int domain) {
+  if (!has_device_hooks(device.type)) return {};
+  return device_hooks(device.type).cache_stats(device.index, domain);
+}
+
+CacheStats device_cache_total(Device device) {
+  if (!has_device_hooks(device.type)) return {};
+  return device_hooks(device.type).cache_total(device.index);
+}
+
+void set_poison_allocations(bool on) {
+  for (DeviceHooks* h : registry().hooks)
+    if (h) h->set_poison_allocations(on);
+}
+
+int64_t release_device_cache(Device device) {
+  if (!has_device_hooks(device.type)) return 0;
+  return device_hooks(device.type).release_cache(device.index);
 }
 
 }  // namespace locus

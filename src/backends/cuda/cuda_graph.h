@@ -25,6 +25,7 @@ class Graph {
 
  private:
   void reset();
+  void abandon_capture();  // ends a capture in progress (destroyed or overwritten mid-capture)
   void* capture_stream_ = nullptr;
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t

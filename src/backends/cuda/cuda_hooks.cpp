@@ -1,15 +1,50 @@
-// The CUDA DeviceHooks (core/device_hooks.h): cudaMalloc-backed, domain-tagged allocations and
-// synchronous copies. Registered from a static initializer that calls no CUDA API, so loading
-// liblocus on a machine without a GPU is harmless; the first allocation reports a clear Error.
-// Copies and fills are complete when they return. They are ordered after the legacy default
-// stream only: work queued on non-blocking streams (the partition streams) must be joined or
-// synchronized before its results are copied.
+// The CUDA DeviceHooks (core/device_hooks.h): a caching allocator (core/block_cache.h) over
+// cudaMalloc, one pool per (device, locality domain), and synchronous copies and fills.
+// Registered from a static initializer that calls no CUDA API, so loading liblocus on a machine
+// without a GPU is harmless; the first allocation reports a clear Error.
+//
+// The stream rule that makes handing a freed block out again at once safe (no event per block):
+// 1. An op queues all its work on the caller's stream, or on streams forked from it and joined
+//    back into it before the op returns (ops/partitioned.cpp, modules/moe.cpp). So when the host
+//    drops a tensor's last reference, every kernel that uses it is ordered before anything the
+//    caller's stream runs next, and the block's next owner uses it only from there: on that
+//    stream, or on a partition stream forked from it later.
+// 2. The untagged pool (domain -1) belongs to the caller's stream. Locus drives a device from
+//    one caller stream at a time (the model runs on the legacy default stream); code that
+//    switches caller streams synchronizes in between (the tests do, through fetch()).
+// 3. Inside a partition (between a fork and its join) scratch is taken from the partition's
+//    domain (DomainPlace::allocate, as Linear::forward_partition does): domain d's blocks are
+//    used on domain d's stream, so two partitions never hand each other a block in flight.
+//    Weight shards live in the domain pools too; they are freed only when no forward runs.
+// 4. Copies and fills first wait for the whole device, then complete before they return: a copy
+//    into a reused block cannot overtake a kernel still reading it on any stream, and a copy out
+//    of device memory sees all work queued before it. (Copies are not allowed inside a capture.)
+// 5. Scratch inside the CUDA backend does not use this cache: cuBLASLt workspaces come from
+//    cudaMallocAsync on the op's stream (stream-ordered by the driver), the NVFP4 kernel keeps
+//    its own buffers.
+// Graph captures: a miss calls cudaMalloc in relaxed capture mode (legal during a capture, as the
+// fork/join event pool does); releasing the cache waits for the device, so it is refused while a
+// cuda::Graph capture is in progress.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+
+#include "backends/cuda/capture_state.h"
 #include "backends/cuda/cuda_check.h"
+#include "core/block_cache.h"
 #include "core/device_hooks.h"
 
 namespace locus::cuda {
+
+namespace detail {
+namespace {
+std::atomic<int> g_captures{0};
+}  // namespace
+void capture_started() { ++g_captures; }
+void capture_ended() { --g_captures; }
+bool capture_in_progress() { return g_captures.load() > 0; }
+}  // namespace detail
+
 namespace {
 
 // Makes `index` the current device for the calling thread (cheap when it already is).
@@ -25,57 +60,105 @@ cudaMemcpyKind kind_of(Device dst, Device src) {
   return cudaMemcpyHostToHost;
 }
 
-class CudaHooks final : public DeviceHooks {
-  // A pageable host-to-device (or device-to-device) cudaMemcpy may return before the data has
-  // landed; wait so that a kernel on any stream sees it.
-  static void finish(Device dst) {
-    if (dst.is_cuda()) LOCUS_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-  }
+// cudaMalloc that a stream capture tolerates (relaxed mode for this call only). nullptr when the
+// device is out of memory.
+void* raw_allocate(size_t bytes, int device_index, int domain) {
+  use_device(device_index);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (exchanged) cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e == cudaSuccess) return p;
+  cudaGetLastError();
+  if (e == cudaErrorMemoryAllocation) return nullptr;
+  LOCUS_THROW("CUDA allocation of ", bytes, " bytes on cuda:", device_index, " (domain ", domain,
+              ") failed: ", cudaGetErrorString(e));
+}
 
+void raw_free(void* p, int) {
+  // Freeing during teardown after the driver shut down is not an error worth reporting.
+  if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+}
+
+// Cached blocks may still be used by queued work (rule 1): wait for the device before freeing.
+bool prepare_release(int device_index) {
+  if (detail::capture_in_progress()) return false;
+  use_device(device_index);
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+// Rule 4: every copy or fill starts after all work queued on the device.
+void wait_for_device(int device_index) {
+  use_device(device_index);
+  LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+class CudaHooks final : public DeviceHooks {
  public:
-  // The domain is recorded by Tensor's Storage and the memory statistics; on a driver without
-  // locality-domain memory (CUDA < 13.4) every domain is an ordinary device allocation.
+  CudaHooks() : cache_(BlockCache::Backend{"cuda", raw_allocate, raw_free, prepare_release}) {}
+
+  // The domain selects the pool and is recorded by Tensor's Storage and the memory statistics; on a
+  // driver without locality-domain memory (CUDA < 13.4) every domain is an ordinary allocation.
   void* allocate(size_t bytes, int device_index, int domain) override {
-    use_device(device_index);
-    void* p = nullptr;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      LOCUS_THROW("CUDA allocation of ", bytes, " bytes on cuda:", device_index, " (domain ", domain,
-                  ") failed: ", cudaGetErrorString(e));
+    void* p = cache_.allocate(bytes, device_index, domain);
+    if (poison_ && bytes && !detail::capture_in_progress()) {
+      try {
+        fill_bytes(p, device_index, 0xFF, bytes);
+      } catch (...) {
+        cache_.deallocate(p);
+        throw;
+      }
     }
     return p;
   }
-  void deallocate(void* ptr, size_t, int device_index, int) override {
-    if (!ptr) return;
-    // Freeing during teardown after the driver shut down is not an error worth reporting.
-    if (cudaFree(ptr) != cudaSuccess) cudaGetLastError();
-  }
+  void deallocate(void* ptr, size_t, int, int) override { cache_.deallocate(ptr); }
+
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     if (!bytes) return;
-    use_device(dd.is_cuda() ? dd.index : sd.index);
+    wait_for_device(dd.is_cuda() ? dd.index : sd.index);
     LOCUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind_of(dd, sd)));
     finish(dd);
   }
   void copy_2d(void* dst, size_t dp, Device dd, const void* src, size_t sp, Device sd, size_t row_bytes,
                size_t rows) override {
     if (!rows || !row_bytes) return;
-    use_device(dd.is_cuda() ? dd.index : sd.index);
+    wait_for_device(dd.is_cuda() ? dd.index : sd.index);
     LOCUS_CUDA_CHECK(cudaMemcpy2D(dst, dp, src, sp, row_bytes, rows, kind_of(dd, sd)));
     finish(dd);
   }
   void fill_bytes(void* dst, int device_index, uint8_t value, size_t bytes) override {
     if (!bytes) return;
-    use_device(device_index);
+    wait_for_device(device_index);
     LOCUS_CUDA_CHECK(cudaMemset(dst, value, bytes));
-    LOCUS_CUDA_CHECK(cudaDeviceSynchronize());  // cudaMemset is asynchronous for device memory
+    LOCUS_CUDA_CHECK(cudaStreamSynchronize(nullptr));  // cudaMemset is asynchronous for device memory
   }
+
+  CacheStats cache_stats(int device_index, int domain) const override { return cache_.stats(device_index, domain); }
+  CacheStats cache_total(int device_index) const override { return cache_.total(device_index); }
+  int64_t release_cache(int device_index) override { return cache_.release(device_index); }
+  void set_poison_allocations(bool on) override { poison_ = on; }
+
+ private:
+  // A pageable host-to-device (or device-to-device) cudaMemcpy may return before the data has
+  // landed; wait so that a kernel on any stream sees it.
+  static void finish(Device dst) {
+    if (dst.is_cuda()) LOCUS_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+  }
+
+  BlockCache cache_;
+  std::atomic<bool> poison_{false};
 };
 
 struct Registrar {
   Registrar() {
-    static CudaHooks hooks;
-    register_device_hooks(DeviceType::kCUDA, &hooks);
+    // Never destroyed: tensors may be freed during static teardown, after this file's statics.
+    static auto* hooks = new CudaHooks();
+    register_device_hooks(DeviceType::kCUDA, hooks);
   }
 } registrar;
 

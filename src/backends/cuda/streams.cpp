@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/cuda/capture_state.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
@@ -82,12 +83,25 @@ void device_synchronize(int device_index) {
   LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-Graph::~Graph() { reset(); }
+Graph::~Graph() {
+  abandon_capture();
+  reset();
+}
+
+void Graph::abandon_capture() {
+  if (!capture_stream_) return;
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(as_stream(capture_stream_), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();
+  capture_stream_ = nullptr;
+  detail::capture_ended();
+}
 
 Graph::Graph(Graph&& o) noexcept { *this = std::move(o); }
 
 Graph& Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
+    abandon_capture();
     reset();
     capture_stream_ = o.capture_stream_;
     graph_ = o.graph_;
@@ -107,8 +121,9 @@ void Graph::begin_capture(void* stream) {
   LOCUS_CHECK(stream != nullptr, "Graph::begin_capture needs a created stream, not the legacy default stream");
   LOCUS_CHECK(!stream_is_capturing(stream), "Graph::begin_capture: the stream is already being captured");
   reset();
-  capture_stream_ = stream;
   LOCUS_CUDA_CHECK(cudaStreamBeginCapture(as_stream(stream), cudaStreamCaptureModeThreadLocal));
+  capture_stream_ = stream;
+  detail::capture_started();
 }
 
 void Graph::end_capture() {
@@ -116,6 +131,7 @@ void Graph::end_capture() {
   cudaGraph_t g = nullptr;
   cudaError_t e = cudaStreamEndCapture(as_stream(capture_stream_), &g);
   capture_stream_ = nullptr;
+  detail::capture_ended();
   LOCUS_CUDA_CHECK_NAMED(e, "ending the CUDA graph capture (a stream was not joined back, or an op broke capture)");
   graph_ = g;
   cudaGraphExec_t ex = nullptr;
