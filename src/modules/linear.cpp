@@ -629,7 +629,9 @@ void Linear::forward_partition(int p, const Tensor& x, const Tensor& y, const St
   } else if (!per_half_) {
     nv ? ops::nvfp4_gemm_swiglu(x, nv_[p], ys, stream) : ops::gemm_swiglu(x, shards_[p], ys, stream);
   } else {
-    Tensor tmp = Tensor::empty({x.size(0), 2 * r.rows()}, DType::kFP32, x.device());
+    // Scratch from the partition's domain: freed before the join, it must not be handed to
+    // another partition's stream while this one may still use it (cuda_hooks.cpp, rule 3).
+    Tensor tmp = ctx_.runtime->place_for_partition(p).allocate({x.size(0), 2 * r.rows()}, DType::kFP32);
     ops::nvfp4_gemm(x, nv_gate_[p], Tensor(), tmp.slice(1, 0, r.rows()), stream);
     ops::nvfp4_gemm(x, nv_up_[p], Tensor(), tmp.slice(1, r.rows(), 2 * r.rows()), stream);
     ops::swiglu(tmp, ys, stream);
