@@ -156,7 +156,8 @@ DeepseekV3Cache DeepseekV3ForCausalLM::new_cache(int64_t capacity) const {
   return DeepseekV3Cache::allocate(cfg_, capacity, opts_.device);
 }
 
-Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bool all_logits, modules::MlaPath path) {
+Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bool all_logits, modules::MlaPath path,
+                                      const Stream& stream) {
   LOCUS_CHECK(!batch.empty(), "DeepseekV3ForCausalLM::forward: empty batch");
   const LifecycleState st = state();
   LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
@@ -182,37 +183,41 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
     total += n;
   }
 
-  // Token ids and positions, flattened in batch order.
-  Tensor ids = Tensor::empty({total}, DType::kI32), pos = Tensor::empty({total}, DType::kI32);
-  std::vector<int64_t> start_len(batch.size()), last_row(batch.size());
+  // Token ids, positions and the rows whose logits are wanted, in one i32 buffer so that a device
+  // model gets its inputs in one copy: [ids (total) | positions (total) | last row of each sequence].
+  const int64_t B = static_cast<int64_t>(batch.size());
+  Tensor inputs = Tensor::empty({2 * total + B}, DType::kI32);
+  std::vector<int64_t> start_len(batch.size());
   {
+    int32_t* ids_h = inputs.data<int32_t>();
+    int32_t* pos_h = ids_h + total;
+    int32_t* last_h = pos_h + total;
     int64_t r = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       start_len[b] = batch[b].cache->length();
       for (size_t i = 0; i < batch[b].ids.size(); ++i, ++r) {
-        ids.data<int32_t>()[r] = batch[b].ids[i];
-        pos.data<int32_t>()[r] = static_cast<int32_t>(start_len[b] + static_cast<int64_t>(i));
+        ids_h[r] = batch[b].ids[i];
+        pos_h[r] = static_cast<int32_t>(start_len[b] + static_cast<int64_t>(i));
       }
-      last_row[b] = r - 1;
+      last_h[b] = static_cast<int32_t>(r - 1);
     }
   }
   const Device dev = opts_.device;
-  if (!dev.is_cpu()) {
-    ids = ids.to(dev);
-    pos = pos.to(dev);
-  }
+  if (!dev.is_cpu()) inputs = inputs.to(dev);
+  const Tensor ids = inputs.slice(0, 0, total), pos = inputs.slice(0, total, 2 * total);
+  const Tensor last_rows = inputs.slice(0, 2 * total, 2 * total + B);
 
   const int64_t D = cfg_.hidden_size;
   Tensor x = Tensor::empty({total, D}, DType::kBF16, dev);
   Tensor h = Tensor::empty({total, D}, DType::kBF16, dev);
   Tensor a = Tensor::empty({total, D}, DType::kBF16, dev);
   try {
-    embed_->forward(ids, x);
+    embed_->forward(ids, x, stream);
     std::vector<modules::MlaSequence> seqs(batch.size());
     for (size_t l = 0; l < layers_.size(); ++l) {
       for (size_t b = 0; b < batch.size(); ++b)
         seqs[b] = {&batch[b].cache->layers[l], static_cast<int64_t>(batch[b].ids.size())};
-      layers_[l]->forward(x, pos, seqs, h, a, path);
+      layers_[l]->forward(x, pos, seqs, h, a, path, stream);
     }
   } catch (...) {
     for (size_t b = 0; b < batch.size(); ++b)
@@ -220,18 +225,18 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
     throw;
   }
 
-  // Rows whose logits are wanted: every row, or each sequence's last.
+  // Rows whose logits are wanted: every row, or each sequence's last (gathered on the device, an
+  // embedding lookup into the hidden states).
   Tensor rows = x;
   if (!all_logits) {
-    rows = Tensor::empty({static_cast<int64_t>(batch.size()), D}, DType::kBF16, dev);
-    for (size_t b = 0; b < batch.size(); ++b)
-      rows.slice(0, static_cast<int64_t>(b), static_cast<int64_t>(b) + 1)
-          .copy_(x.slice(0, last_row[b], last_row[b] + 1));
+    rows = Tensor::empty({B, D}, DType::kBF16, dev);
+    ops::embedding(x, last_rows, rows, stream);
   }
   Tensor normed = Tensor::empty(rows.shape(), DType::kBF16, dev);
-  norm_->forward(rows, normed);
+  norm_->forward(rows, normed, stream);
   Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, dev);
-  lm_head_->forward(normed, logits);
+  lm_head_->forward(normed, logits, stream);
+  // The sampler reads the logits on the host. The copy waits for the device (cuda_hooks.cpp).
   return dev.is_cpu() ? logits : logits.to(Device::cpu());
 }
 

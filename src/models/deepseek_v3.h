@@ -64,8 +64,10 @@ class DeepseekV3ForCausalLM : public modules::Module {
   // touched): empty batch or sequence, token id outside the vocabulary, a cache too small, a
   // position beyond max_positions, the model not transformed. If a kernel fails midway, every
   // cache is rolled back to its length before the call.
+  // On a device the inputs go up in one copy, every op is queued on `stream` (Stream{}: the
+  // device's default stream) and the logits come back in one copy, which waits for the device.
   Tensor forward(const std::vector<SequenceStep>& batch, bool all_logits = false,
-                 modules::MlaPath path = modules::MlaPath::kAuto);
+                 modules::MlaPath path = modules::MlaPath::kAuto, const Stream& stream = {});
 
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   modules::Embedding& embed_tokens() { return *embed_; }

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "core/device_hooks.h"
 #include "runtime/progress.h"
 
 namespace locus::runtime {
@@ -21,6 +22,7 @@ KvBudget resolve_kv_budget(const LlmArgs& args, Device device) {
     if (pages > 0 && page > 0) free_bytes = static_cast<int64_t>(pages) * page;
   } else {
 #if defined(LOCUS_WITH_CUDA)
+    release_device_cache(device);  // cached, unused blocks count as free memory
     int prev = 0;
     size_t f = 0, total = 0;
     if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device.index) == cudaSuccess &&

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "core/device_hooks.h"
 #include "core/float_convert.h"
 #include "locality/topology.h"
 #include "models/deepseek_v3_tensors.h"
@@ -174,6 +175,9 @@ LoadedModel ModelLoader::load(const std::string& dir) const {
   out.weight_bytes = total_bytes;
   out.model->transform();
   if (args_.enable_locality_domains) out.model->localize();
+  // Staging buffers and the full weights localize() released sit in the device's allocation
+  // cache: give them back, so that the memory left for the KV cache is what is really free.
+  release_device_cache(out.device);
   out.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
