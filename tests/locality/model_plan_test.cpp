@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace locus::locality {
 namespace {
@@ -98,7 +99,7 @@ struct Result {
 
 Result run_locus(const std::string& args) {
   // The fake-domain variable would override --domains; run the command without it.
-  const std::string cmd = std::string("env -u LOCUS_FAKE_LOCALITY_DOMAINS ") + LOCUS_BINARY_PATH + " plan " + args + " 2>&1";
+  const std::string cmd = "env -u LOCUS_FAKE_LOCALITY_DOMAINS " + testing::locus_binary() + " plan " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return {-1, "popen failed"};
   std::string out;

@@ -201,7 +201,7 @@ namespace {
 TEST(TinyModel, MakeTinyModelCommand) {
   locus::testing::TempDir d;
   const std::string out = d.file("log.txt");
-  const std::string cmd = std::string(LOCUS_BINARY_PATH) + " make-tiny-model " + d.file("m") +
+  const std::string cmd = locus::testing::locus_binary() + " make-tiny-model " + d.file("m") +
                           " --seed 5 --layers 3 > " + out + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << locus::testing::read_file(out);
   EXPECT_NE(locus::testing::read_file(out).find("wrote BF16 tiny DeepSeek-V3 model"), std::string::npos);
@@ -213,7 +213,7 @@ TEST(TinyModel, MakeTinyModelCommand) {
             locus::testing::read_file(d.file("lib/model-00002-of-00002.safetensors")));
   EXPECT_EQ(load_deepseek_v3_config(d.file("m")).num_hidden_layers, 3);
 
-  const std::string bad = std::string(LOCUS_BINARY_PATH) + " make-tiny-model " + d.file("b") +
+  const std::string bad = locus::testing::locus_binary() + " make-tiny-model " + d.file("b") +
                           " --nvfp4 --hidden-size 40 > " + out + " 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0);
   EXPECT_NE(locus::testing::read_file(out).find("hidden_size=40 is not a multiple of 16"), std::string::npos)

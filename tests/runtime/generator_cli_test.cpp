@@ -16,7 +16,7 @@ struct CmdResult {
 };
 
 CmdResult run(const std::string& args) {
-  const std::string cmd = std::string("env -u LOCUS_FAKE_LOCALITY_DOMAINS ") + LOCUS_BINARY_PATH + " " + args + " 2>&1";
+  const std::string cmd = "env -u LOCUS_FAKE_LOCALITY_DOMAINS " + locus_binary() + " " + args + " 2>&1";
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
