@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (from the repository root): the CUDA unit tests, then the GEMM
-# benchmarks, from the binaries that tools/gpu/package.sh put into .gpu-carry/. Logs go to
-# $OUT (or /tmp/locus-gpu); a short summary is printed last.
-# usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--split backfill|aligned]
+# Runs on the GPU machine (from the repository root), from the binaries that tools/gpu/package.sh
+# put into .gpu-carry/: the CUDA unit tests and the whole CPU suite (its CLI tests start
+# .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
+# generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
+# logits CUDA vs CPU), then the GEMM benchmarks. Logs go to $OUT (or /tmp/locus-gpu); each step
+# prints a line or two, and a summary comes last.
+# usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-gpu}"
 mkdir -p "$OUT"
 CARRY=.gpu-carry
-quick=""; tests_only=0; split=backfill
+quick=""; tests=1; e2e=1; bench=1; split=backfill
 while (($#)); do
   case "$1" in
     --quick) quick="--quick" ;;
-    --tests-only) tests_only=1 ;;
+    --tests-only) e2e=0; bench=0 ;;
+    --e2e-only) tests=0; bench=0 ;;
     --split) split="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
@@ -20,26 +24,76 @@ while (($#)); do
 done
 CUDA_LIBS=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$PWD/$CARRY:/usr/local/cuda/lib64:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+export LOCUS_BIN="$PWD/$CARRY/locus"  # the CLI tests start this, not the build machine's path
 {
   date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  echo "cuBLAS from: $CUDA_LIBS"
-} 2>&1 | tee "$OUT/env.txt"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+} > "$OUT/env.txt" 2>&1
+head -2 "$OUT/env.txt"
 ldd "$CARRY/locus_cuda_tests" | grep -E "not found" && echo "MISSING LIBRARIES"
 
-timeout 300 "$CARRY/locus_cuda_tests" --gtest_brief=0 2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |FAILED|Failure|error" | head -60
-test_rc=${PIPESTATUS[0]}
-echo "locus_cuda_tests exit code: $test_rc"
-# The whole CPU suite too: its CudaLocality.* tests (topology, green-context domains, partitioned
-# ops in a graph) only run where a GPU is present.
-if [[ -x "$CARRY/locus_tests" ]]; then
-  timeout 300 "$CARRY/locus_tests" --gtest_brief=1 2>&1 | tee "$OUT/locus_tests.log" | tail -n 15
-  cpu_rc=${PIPESTATUS[0]}
-  echo "locus_tests exit code: $cpu_rc"
-  ((test_rc == 0)) && test_rc=$cpu_rc
-fi
-((tests_only)) && exit "$test_rc"
+summary=()
+rc=0
+note() { summary+=("$1"); echo "$1"; }
 
-timeout 420 "$CARRY/cuda_gemm_bench" --split "$split" $quick --out "$OUT/bench_${split}.md" 2>&1 | tee "$OUT/bench_${split}.log" | tail -n 80
-echo "bench exit code: ${PIPESTATUS[0]}"
-grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.log"
+if ((tests)); then
+  timeout 300 "$CARRY/locus_cuda_tests" --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  t_rc=$?
+  grep -E "^\[  FAILED  \]|Failure$" "$OUT/tests.log" | head -20
+  note "locus_cuda_tests: exit $t_rc, $(grep -E '^\[  PASSED  \]' "$OUT/tests.log" | head -1)"
+  # The whole CPU suite too: its CudaLocality.* tests (topology, green-context domains,
+  # partitioned ops in a graph) only run where a GPU is present.
+  timeout 300 "$CARRY/locus_tests" --gtest_brief=1 > "$OUT/locus_tests.log" 2>&1
+  c_rc=$?
+  grep -E "^\[  FAILED  \]" "$OUT/locus_tests.log" | head -20
+  note "locus_tests: exit $c_rc, $(grep -E '^\[  PASSED  \]' "$OUT/locus_tests.log" | head -1)"
+  ((t_rc || c_rc)) && rc=1
+fi
+
+if ((e2e)); then
+  LOG="$OUT/e2e.log"; : > "$LOG"
+  TINY="$OUT/tiny"
+  rm -rf "$TINY"
+  "$LOCUS_BIN" make-tiny-model "$TINY/bf16" --seed 1 >> "$LOG" 2>&1 &&
+    "$LOCUS_BIN" make-tiny-model "$TINY/nvfp4" --nvfp4 --seed 1 >> "$LOG" 2>&1 || { note "make-tiny-model FAILED (see $LOG)"; rc=1; }
+  prompts=(--prompt "Locality domains split a GPU" --prompt "abc" --prompt "DeepSeek" --prompt "x")
+  for fmt in bf16 nvfp4; do
+    for ld in off on; do
+      ld_flags=(); [[ $ld == on ]] && ld_flags=(--enable-locality-domains --locality-domains-emulate 2)
+      echo "== generate cuda $fmt LD $ld" >> "$LOG"
+      timeout 300 "$LOCUS_BIN" generate --model "$TINY/$fmt" --backend cuda "${prompts[@]}" \
+        --max-new-tokens 64 --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
+      g_rc=$?
+      cat "$OUT/generate.out" >> "$LOG"
+      line=$(grep '^locus: .*tok/s' "$OUT/generate.out" | tail -1)
+      if [[ $g_rc -eq 0 && -n "$line" ]]; then
+        # "locus: 4 sequences, ...; prompt N tokens in S s (X tok/s); decode M tokens in S s (Y tok/s); ..."
+        note "generate cuda $fmt LD $ld: $(sed -E 's/.*; (prompt [^;]*); (decode [^;]*);.*/\1; \2/' <<< "$line")"
+      else
+        note "generate cuda $fmt LD $ld: FAILED (see $LOG)"; rc=1
+      fi
+    done
+    ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
+    for run in "cpu off" "cuda off" "cuda on"; do
+      set -- $run
+      ld_flags=(); [[ $2 == on ]] && ld_flags=(--enable-locality-domains --locality-domains-emulate 2)
+      timeout 300 "$LOCUS_BIN" logits --model "$TINY/$fmt" --backend "$1" "${ids[@]}" --quiet \
+        --out "$OUT/logits_${fmt}_$1_$2.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 || { note "logits $fmt $1 LD $2: FAILED (see $LOG)"; rc=1; }
+    done
+    for pair in "cuda_off cpu_off" "cuda_on cuda_off"; do
+      set -- $pair
+      res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$1.bin" "$OUT/logits_${fmt}_$2.bin" \
+            --label "logits $fmt ${1/_/ LD } vs ${2/_/ LD }" 2>&1) || rc=1
+      note "$res"
+    done
+  done
+fi
+
+if ((bench)); then
+  timeout 420 "$CARRY/cuda_gemm_bench" --split "$split" $quick --out "$OUT/bench_${split}.md" > "$OUT/bench_${split}.log" 2>&1
+  note "cuda_gemm_bench: exit $?, table in $OUT/bench_${split}.md"
+fi
+
+echo "==== summary ($OUT)"
+printf '%s\n' "${summary[@]}"
+exit "$rc"
