@@ -127,17 +127,19 @@ TEST(CudaAllocator, ImmediateReuseOnOneStreamKeepsResultsRight) {
   const int64_t M = 8, K = 512, I = 256, rounds = 6;
   release_device_cache(kDev);  // no older blocks of these classes: each round reuses the last one's
   const Tensor w = randn({2 * I, K}, DType::kBF16, seed, 0.05), wd = to_gpu(w);
-  std::vector<Tensor> xs, outs;
+  std::vector<Tensor> xs, xds, outs;
   std::vector<const void*> scratch;
   for (int64_t r = 0; r < rounds; ++r) {
     xs.push_back(randn({M, K}, DType::kBF16, seed + 1 + r));
+    xds.push_back(to_gpu(xs[r]));
     outs.push_back(poisoned_gpu({M, I}, DType::kBF16));
   }
+  // No copy (which would wait for the device) between the rounds: each round's scratch is the
+  // block the previous round freed while its kernels may still be queued.
   for (int64_t r = 0; r < rounds; ++r) {
-    const Tensor xd = to_gpu(xs[r]);
-    Tensor gate_up = Tensor::empty({M, 2 * I}, DType::kFP32, kDev);  // freed at the end of the round
+    Tensor gate_up = Tensor::empty({M, 2 * I}, DType::kFP32, kDev);
     scratch.push_back(gate_up.data_ptr());
-    cuda::gemm(xd, wd, {}, gate_up, nullptr);
+    cuda::gemm(xds[r], wd, {}, gate_up, nullptr);
     cuda::swiglu(gate_up, outs[r], nullptr);
   }
   EXPECT_EQ(scratch.front(), scratch.back());  // the same block every round
