@@ -90,9 +90,7 @@ void launch(const ElementwiseArgs& p, bool vec, cudaStream_t s) {
 
 void add(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
   const char* op = "cuda::add";
-  LOCUS_CHECK(a.device().is_cuda(), op, ": a must be on a CUDA device, got ", a.describe());
-  if (y.numel() == 0) return;
-  use_device(a.device().index);
+  if (!start_op(op, a, y.numel())) return;
   bool vec = false;
   const ElementwiseArgs p = layout(op, a, b, y, &vec);
   visit_bf16_fp32(a.dtype(), op, [&](auto at) {
@@ -107,9 +105,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
 
 void cast(const Tensor& x, const Tensor& y, void* stream) {
   const char* op = "cuda::cast";
-  LOCUS_CHECK(x.device().is_cuda(), op, ": x must be on a CUDA device, got ", x.describe());
-  if (y.numel() == 0) return;
-  use_device(x.device().index);
+  if (!start_op(op, x, y.numel())) return;
   bool vec = false;
   const ElementwiseArgs p = layout(op, x, x, y, &vec);
   visit_float(x.dtype(), op, [&](auto xt) {

@@ -103,9 +103,7 @@ __global__ void embedding_kernel(EmbeddingArgs a) {
 
 void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, void* stream) {
   const char* op = "cuda::rmsnorm";
-  LOCUS_CHECK(x.device().is_cuda(), op, ": x must be on a CUDA device, got ", x.describe());
-  if (x.numel() == 0) return;
-  use_device(x.device().index);
+  if (!start_op(op, x, x.numel())) return;
   RmsnormArgs a{};
   a.x = x.data_ptr();
   a.y = y.data_ptr();
@@ -135,10 +133,7 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, 
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, void* stream) {
   const char* op = "cuda::embedding";
-  LOCUS_CHECK(table.device().is_cuda() && ids.device() == table.device(), op,
-              ": table and ids must be on one CUDA device, got ", table.describe(), " and ", ids.describe());
-  if (y.numel() == 0) return;
-  use_device(table.device().index);
+  if (!start_op(op, table, y.numel())) return;
   EmbeddingArgs a{};
   a.table = table.data_ptr();
   a.table_ld = table.stride(0);

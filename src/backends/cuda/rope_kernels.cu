@@ -88,12 +88,7 @@ void launch(RopeArgs a, cudaStream_t s) {
 void apply_rope(const Tensor& x, const Tensor& positions, const Tensor& cos, const Tensor& sin, bool interleaved,
                 void* stream) {
   const char* op = "cuda::apply_rope";
-  LOCUS_CHECK(x.device().is_cuda() && positions.device() == x.device() && cos.device() == x.device() &&
-                  sin.device() == x.device(),
-              op, ": x, positions and the table must be on one CUDA device, got ", x.describe(), ", ",
-              positions.describe(), " and ", cos.describe());
-  if (x.numel() == 0) return;
-  use_device(x.device().index);
+  if (!start_op(op, x, x.numel())) return;
   RopeArgs a{};
   a.x = x.data_ptr();
   a.tokens = x.size(0);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "core/tensor.h"
 
 namespace locus::cuda::detail {
 
@@ -16,6 +17,15 @@ inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 inline void use_device(int index) {
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+// Entry of every small op: `lead` (the operand that decides the device) must be on a CUDA
+// device, which becomes current. False when there is nothing to do (`elements` == 0).
+inline bool start_op(const char* op, const Tensor& lead, int64_t elements) {
+  LOCUS_CHECK(lead.device().is_cuda(), op, ": tensors must be on a CUDA device, got ", lead.describe());
+  if (elements == 0) return false;
+  use_device(lead.device().index);
+  return true;
 }
 
 // Threads per block for `items` work items per block: a multiple of 32 in [32, max_threads].

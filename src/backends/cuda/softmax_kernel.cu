@@ -90,9 +90,7 @@ __global__ void softmax_kernel(SoftmaxArgs a) {
 
 void softmax(const Tensor& x, const Tensor& y, void* stream) {
   const char* op = "cuda::softmax";
-  LOCUS_CHECK(x.device().is_cuda(), op, ": x must be on a CUDA device, got ", x.describe());
-  if (x.numel() == 0) return;
-  use_device(x.device().index);
+  if (!start_op(op, x, x.numel())) return;
   SoftmaxArgs a{};
   a.x = x.data<float>();
   a.y = y.data<float>();

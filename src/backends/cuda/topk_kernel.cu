@@ -221,11 +221,9 @@ __global__ void topk_kernel(TopkArgs a) {
 
 void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices, void* stream) {
   const char* op = "cuda::topk";
-  LOCUS_CHECK(x.device().is_cuda(), op, ": x must be on a CUDA device, got ", x.describe());
   const int64_t n = x.dim() == 0 ? 1 : x.size(-1);
   LOCUS_CHECK(n <= INT32_MAX, op, ": rows of ", n, " values are longer than the kernel's 2^31 - 1");
-  if (k == 0 || x.numel() == 0) return;
-  use_device(x.device().index);
+  if (!start_op(op, x, k == 0 ? 0 : x.numel())) return;
   TopkArgs a{};
   a.x = x.data_ptr();
   a.values = values.data_ptr();
