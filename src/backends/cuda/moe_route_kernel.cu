@@ -1,0 +1,163 @@
+// DeepSeek routing (ops::moe_route) on CUDA: one warp per token. Every value is computed with the
+// same fp32 operations in the same order as the CPU code (backends/cpu/moe_routing.cpp): accurate
+// expf (never __expf), IEEE division and explicit _rn intrinsics so that no flag or contraction
+// changes a rounding; sequential sums where the CPU sums sequentially. Top-k uses the CPU's strict
+// total order (a number before NaN, larger first, lower index on ties), which makes the chosen set
+// and its order unique, so any selection algorithm under that order gives the CPU's answer.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/moe_kernels.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;  // tokens per block
+constexpr unsigned kFull = 0xffffffffu;
+
+// a ranks before b in the CPU's top_indices order.
+__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return nb;
+  if (!na && va != vb) return va > vb;
+  return ia < ib;
+}
+
+// The best (value, index) over the warp; every lane receives it. Lanes without a candidate pass
+// (NaN, INT_MAX), which every real candidate outranks.
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, off);
+    const int oi = __shfl_xor_sync(kFull, i, off);
+    if (ranks_before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+// Scores s (for the weights) and selection scores sel of one token into shared memory.
+__device__ void token_scores(const MoeRouteArgs& a, const float* row, float* s, float* sel, int lane) {
+  const int E = a.experts;
+  if (!a.softmax) {
+    for (int e = lane; e < E; e += 32) s[e] = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-row[e])));
+  } else {
+    // max is exact in any order (NaN never replaces it, as with std::max on the CPU).
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = mx < row[e] ? row[e] : mx;
+    for (int off = 16; off > 0; off >>= 1) {
+      const float o = __shfl_xor_sync(kFull, mx, off);
+      mx = mx < o ? o : mx;
+    }
+    for (int e = lane; e < E; e += 32) s[e] = expf(__fsub_rn(row[e], mx));
+    __syncwarp();
+    // The CPU sums in expert order; so does lane 0 (E <= 512 additions).
+    float sum = 0.f;
+    if (lane == 0)
+      for (int e = 0; e < E; ++e) sum = __fadd_rn(sum, s[e]);
+    sum = __shfl_sync(kFull, sum, 0);
+    for (int e = lane; e < E; e += 32) s[e] = __fdiv_rn(s[e], sum);
+  }
+  for (int e = lane; e < E; e += 32) sel[e] = __fadd_rn(s[e], a.bias ? a.bias[e * a.bias_stride] : 0.f);
+  __syncwarp();
+}
+
+// Masks the experts of all but the topk_group best groups to -inf (group score: the sum of the
+// two largest selection scores for sigmoid scoring, the largest for softmax). Lane g scores
+// group g, scanning it in expert order like the CPU.
+__device__ void limit_groups(const MoeRouteArgs& a, float* sel, int lane) {
+  const int G = a.n_group, gs = a.experts / G;
+  float score = NAN;
+  int index = INT_MAX;
+  if (lane < G) {
+    const float* p = sel + lane * gs;
+    if (!a.softmax) {
+      float x = -INFINITY, y = -INFINITY;
+      for (int i = 0; i < gs; ++i) {
+        if (p[i] > x) {
+          y = x;
+          x = p[i];
+        } else if (p[i] > y) {
+          y = p[i];
+        }
+      }
+      score = gs >= 2 ? __fadd_rn(x, y) : x;
+    } else {
+      score = p[0];  // std::max_element: the first of the largest (a NaN first element stays)
+      for (int i = 1; i < gs; ++i)
+        if (score < p[i]) score = p[i];
+    }
+    index = lane;
+  }
+  bool kept = false;
+  for (int k = 0; k < a.topk_group; ++k) {
+    float v = kept ? NAN : score;
+    int i = kept ? INT_MAX : index;
+    warp_best(v, i);
+    if (i == lane) kept = true;
+  }
+  const unsigned kept_groups = __ballot_sync(kFull, kept);
+  __syncwarp();
+  for (int e = lane; e < a.experts; e += 32)
+    if (!((kept_groups >> (e / gs)) & 1u)) sel[e] = -INFINITY;
+  __syncwarp();
+}
+
+__global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteArgs a) {
+  extern __shared__ float scores[];  // per warp: s [E], sel [E]
+  __shared__ int chosen[kWarps][32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int E = a.experts, K = a.top_k;
+  float* s = scores + static_cast<size_t>(warp) * 2 * E;
+  float* sel = s + E;
+  const bool groups = a.n_group > 1 && a.topk_group < a.n_group;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < a.tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
+    token_scores(a, a.logits + t * a.logits_ld, s, sel, lane);
+    if (groups) limit_groups(a, sel, lane);
+    // Top-k: k rounds of a warp-wide best over the experts not yet taken. Lane l owns experts
+    // l, l + 32, ...; bit i of `taken` marks expert l + 32 i.
+    unsigned taken = 0;
+    for (int j = 0; j < K; ++j) {
+      float v = NAN;
+      int best = INT_MAX;
+      for (int i = 0, e = lane; e < E; ++i, e += 32)
+        if (!((taken >> i) & 1u) && ranks_before(sel[e], e, v, best)) {
+          v = sel[e];
+          best = e;
+        }
+      warp_best(v, best);
+      if (best % 32 == lane) taken |= 1u << (best / 32);
+      if (lane == 0) chosen[warp][j] = best;
+    }
+    __syncwarp();
+    // Weights: s at the chosen experts, over their sum (in choice order, like the CPU).
+    float sum = 0.f;
+    if (lane == 0)
+      for (int j = 0; j < K; ++j) sum = __fadd_rn(sum, s[chosen[warp][j]]);
+    sum = __shfl_sync(kFull, sum, 0);
+    const float denom = a.norm_topk_prob ? __fadd_rn(sum, 1e-20f) : 1.f;
+    if (lane < K) {
+      const int e = chosen[warp][lane];
+      a.ids[t * a.ids_ld + lane] = e;
+      a.weights[t * a.weights_ld + lane] = __fmul_rn(__fdiv_rn(s[e], denom), a.routed_scaling_factor);
+    }
+    __syncwarp();  // s, sel and chosen are rewritten for the next token
+  }
+}
+
+}  // namespace
+
+void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
+  if (a.tokens == 0) return;
+  int64_t blocks = (a.tokens + kWarps - 1) / kWarps;
+  if (blocks > 65536) blocks = 65536;  // the kernel strides over the remaining tokens
+  const size_t smem = static_cast<size_t>(kWarps) * 2 * a.experts * sizeof(float);
+  moe_route_kernel<<<static_cast<int>(blocks), kWarps * 32, smem, stream>>>(a);
+  LOCUS_CUDA_CHECK_LAUNCH("moe_route kernel launch");
+}
+
+}  // namespace locus::cuda::detail
