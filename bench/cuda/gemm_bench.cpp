@@ -4,16 +4,18 @@
 // copies (R chosen so the weights total > 240 MB, four times the H200's L2), the median over
 // many replays of:
 //   cublas   plain cuBLAS cublasGemmEx (default algorithm), the reference;
-//   ours     locus::cuda::gemm (cuBLASLt, tactic timed once per shape);
-//   part     the same split over 2 green-context SM partitions (emulated locality domains):
-//            fork, one GEMM per partition on its stream writing its column slice, join;
-//   part1    the same partitioned GEMMs with one fork/join around all R of them (how a layer
-//            group runs: a green-context fork/join costs ~4.6 us in a graph, so it is amortized);
-//   fp4      locus::cuda::nvfp4_gemm (our weight-only kernel) at M <= 128;
-//   fp4part  the NVFP4 GEMM split over the 2 partitions, at M <= 16.
-// and prints ratios, achieved GB/s and the measured copy bandwidth.
+//   lt       cuBLASLt with the tactic timed once per shape (the large-M path of cuda::gemm);
+//   stream   our weight-streaming kernel (M <= 32);
+//   ours     cuda::gemm, the unpartitioned op (stream for M <= stream_gemm_bf16_max_m, else lt);
+//   part     ops::gemm_partitioned over 2 emulated locality domains (green-context SM
+//            partitions, one shard each in its domain's memory): one domain-aware streaming
+//            launch for skinny M, else a fork/join of one cuBLASLt call per partition stream;
+//   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
+//   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64).
+// and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
+// streaming kernels at M = 1 and 16 for several units-per-warp settings (the split heuristic).
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--out FILE]
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -26,11 +28,15 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/bf16_gemm.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/stream_gemm.h"
 #include "core/float_convert.h"
 #include "core/tensor.h"
+#include "ops/nvfp4.h"
+#include "ops/partitioned.h"
 
 using namespace locus;
 
@@ -143,21 +149,36 @@ ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, ours = 0, part = 0, part1 = 0, fp4 = 0, fp4part = 0, fp4part1 = 0;
+  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4part = 0;
 };
+
+// Microseconds with one decimal, or "-" for a column not measured.
+std::string us(double seconds) {
+  if (seconds <= 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", seconds * 1e6);
+  return b;
+}
+
+// Rows [0, N/2) and [N/2, N) of a kLinear NVFP4 weight (host views).
+ops::Nvfp4Weight half_rows(const ops::Nvfp4Weight& w, int which) {
+  const int64_t n0 = which ? w.n / 2 : 0, n1 = which ? w.n : w.n / 2;
+  return ops::nvfp4_rows(w, n0, n1);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string split = "backfill", out_path;
-  bool quick = false;
+  bool quick = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--split" && i + 1 < argc) split = argv[++i];
     else if (a == "--quick") quick = true;
+    else if (a == "--sweep") sweep = true;
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -187,16 +208,59 @@ int main(int argc, char** argv) {
               info.name.c_str(), info.sm_count, info.l2_bytes >> 20, split.c_str(), parts[0].sm_count, parts[1].sm_count,
               bw * 1e-9);
 
+  if (sweep) {
+    // The streaming kernel's split heuristic: units per resident warp.
+    std::mt19937_64 srng(7);
+    std::printf("\nsplit sweep (us per call; columns: units per warp)\n%-22s", "shape");
+    const std::vector<int> upws = {1, 2, 3, 4, 6, 8};
+    for (int u : upws) std::printf(" %7d", u);
+    std::printf("\n");
+    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7168, 7168}, {18432, 7168}, {7168, 2048}, {32768, 512}}) {
+      const int R = static_cast<int>(std::clamp(std::ceil(240e6 / (double(N) * K * 2)), 2.0, 16.0));
+      std::vector<Tensor> w(R);
+      std::vector<ops::Nvfp4Weight> f(R);
+      ops::Nvfp4Weight fbase = cuda::nvfp4_prepare(random_fp4_host(N, K, srng), 0, -1);
+      for (int r = 0; r < R; ++r) {
+        w[r] = Tensor::empty({N, K}, DType::kBF16, Device::cuda(0));
+        fill_random_bf16(w[r], srng);
+        f[r] = cuda::nvfp4_clone(fbase, -1);
+      }
+      for (int64_t M : {1, 16}) {
+        Tensor x = Tensor::empty({M, K}, DType::kBF16, Device::cuda(0));
+        fill_random_bf16(x, srng);
+        Tensor y = Tensor::empty({M, N}, DType::kBF16, Device::cuda(0));
+        for (int fp4 = 0; fp4 < 2; ++fp4) {
+          std::printf("%-5s %5lldx%-5lld M=%-3lld", fp4 ? "nvfp4" : "bf16", (long long)N, (long long)K, (long long)M);
+          for (int u : upws) {
+            cuda::detail::set_stream_gemm_tuning({u});
+            auto g = capture(s, [&] {
+              for (int r = 0; r < R; ++r) {
+                if (fp4) cuda::nvfp4_gemm(x, f[r], {}, y, s);
+                else cuda::stream_gemm(x, w[r], {}, y, false, s);
+              }
+            });
+            std::printf(" %7.1f", time_graph(g, s, R, 20) * 1e6);
+          }
+          std::printf("\n");
+          std::fflush(stdout);
+        }
+      }
+    }
+    cuda::detail::set_stream_gemm_tuning({});
+  }
+
   std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
                                                      {24576, 1536}, {32768, 512}, {7168, 2048}};
   std::vector<int64_t> ms = {1, 8, 16, 32, 128, 512, 4096};
   if (quick) {
-    shapes = {{7168, 7168}, {18432, 7168}};
-    ms = {1, 16, 512};
+    shapes = {{7168, 7168}, {18432, 7168}, {7168, 2048}};
+    ms = {1, 16, 32, 512};
   }
   std::mt19937_64 rng(12345);
   std::vector<Row> rows;
   const Device dev = Device::cuda(0);
+  const Stream caller{dev, s};
+  const std::vector<ops::PartitionSlice> no_slices;
   for (auto [N, K] : shapes) {
     const double wbytes = double(N) * K * 2;
     const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
@@ -207,24 +271,20 @@ int main(int argc, char** argv) {
       sh0[r] = w[r].slice(0, 0, N / 2).clone();  // per-domain shard copies
       sh1[r] = w[r].slice(0, N / 2, N).clone();
     }
+    const std::vector<ops::PartitionSlice> slices = {{0, N / 2, Stream{dev, parts[0].stream}},
+                                                     {N / 2, N, Stream{dev, parts[1].stream}}};
     // NVFP4: one random weight prepared, then device copies for rotation.
     const double fbytes = double(N) * K * 0.5625;
     const int RF = static_cast<int>(std::clamp(std::ceil(240e6 / fbytes), 2.0, 32.0));
     ops::Nvfp4Weight host_fp4 = random_fp4_host(N, K, rng);
     ops::Nvfp4Weight base = cuda::nvfp4_prepare(host_fp4, 0, -1);
-    ops::Nvfp4Weight lin0 = host_fp4, lin1 = host_fp4;
-    lin0.packed = host_fp4.packed.slice(0, 0, N / 2);
-    lin0.scales = host_fp4.scales.slice(0, 0, N / 2);
-    lin0.n = N / 2;
-    lin1.packed = host_fp4.packed.slice(0, N / 2, N);
-    lin1.scales = host_fp4.scales.slice(0, N / 2, N);
-    lin1.n = N - N / 2;
-    ops::Nvfp4Weight base0 = cuda::nvfp4_prepare(lin0, 0, 0), base1 = cuda::nvfp4_prepare(lin1, 0, 1);
-    std::vector<ops::Nvfp4Weight> f(RF), f0(RF), f1(RF);
+    ops::Nvfp4Weight base0 = cuda::nvfp4_prepare(half_rows(host_fp4, 0), 0, 0);
+    ops::Nvfp4Weight base1 = cuda::nvfp4_prepare(half_rows(host_fp4, 1), 0, 1);
+    std::vector<ops::Nvfp4Weight> f(RF);
+    std::vector<std::vector<ops::Nvfp4Weight>> fsh(RF);
     for (int r = 0; r < RF; ++r) {
       f[r] = cuda::nvfp4_clone(base, -1);
-      f0[r] = cuda::nvfp4_clone(base0, 0);
-      f1[r] = cuda::nvfp4_clone(base1, 1);
+      fsh[r] = {cuda::nvfp4_clone(base0, 0), cuda::nvfp4_clone(base1, 1)};
     }
     for (int64_t M : ms) {
       Tensor x = Tensor::empty({M, K}, DType::kBF16, dev);
@@ -233,84 +293,86 @@ int main(int argc, char** argv) {
       Row row{N, K, M};
       const int reps = M >= 512 ? 10 : 30;
       const float alpha = 1.f, beta = 0.f;
-      {
+      auto timed = [&](int calls, const std::function<void(int)>& one) {
         auto g = capture(s, [&] {
-          for (int r = 0; r < R; ++r)
-            cublasGemmEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, x.data_ptr(),
-                         CUDA_R_16BF, K, &beta, y.data_ptr(), CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+          for (int r = 0; r < calls; ++r) one(r);
         });
-        row.cublas = time_graph(g, s, R, reps);
-      }
-      {
-        auto g = capture(s, [&] {
-          for (int r = 0; r < R; ++r) cuda::gemm(x, w[r], {}, y, s);
-        });
-        row.ours = time_graph(g, s, R, reps);
-      }
-      {
-        Tensor y0 = y.slice(1, 0, N / 2), y1 = y.slice(1, N / 2, N);
-        auto g = capture(s, [&] {
-          for (int r = 0; r < R; ++r) {
-            cuda::fork_streams(s, pstreams);
-            cuda::gemm(x, sh0[r], {}, y0, parts[0].stream);
-            cuda::gemm(x, sh1[r], {}, y1, parts[1].stream);
-            cuda::join_streams(s, pstreams);
-          }
-        });
-        row.part = time_graph(g, s, R, reps);
-        auto g1 = capture(s, [&] {
-          cuda::fork_streams(s, pstreams);
-          for (int r = 0; r < R; ++r) {
-            cuda::gemm(x, sh0[r], {}, y0, parts[0].stream);
-            cuda::gemm(x, sh1[r], {}, y1, parts[1].stream);
-          }
-          cuda::join_streams(s, pstreams);
-        });
-        row.part1 = time_graph(g1, s, R, reps);
-      }
-      if (M <= 128) {
-        auto g = capture(s, [&] {
-          for (int r = 0; r < RF; ++r) cuda::nvfp4_gemm(x, f[r], {}, y, s);
-        });
-        row.fp4 = time_graph(g, s, RF, reps);
-      }
-      if (M <= 16) {
-        Tensor y0 = y.slice(1, 0, N / 2), y1 = y.slice(1, N / 2, N);
-        auto g = capture(s, [&] {
-          for (int r = 0; r < RF; ++r) {
-            cuda::fork_streams(s, pstreams);
-            cuda::nvfp4_gemm(x, f0[r], {}, y0, parts[0].stream);
-            cuda::nvfp4_gemm(x, f1[r], {}, y1, parts[1].stream);
-            cuda::join_streams(s, pstreams);
-          }
-        });
-        row.fp4part = time_graph(g, s, RF, reps);
-        auto g1 = capture(s, [&] {
-          cuda::fork_streams(s, pstreams);
-          for (int r = 0; r < RF; ++r) {
-            cuda::nvfp4_gemm(x, f0[r], {}, y0, parts[0].stream);
-            cuda::nvfp4_gemm(x, f1[r], {}, y1, parts[1].stream);
-          }
-          cuda::join_streams(s, pstreams);
-        });
-        row.fp4part1 = time_graph(g1, s, RF, reps);
-      }
+        return time_graph(g, s, calls, reps);
+      };
+      row.cublas = timed(R, [&](int r) {
+        cublasGemmEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, x.data_ptr(),
+                     CUDA_R_16BF, K, &beta, y.data_ptr(), CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      });
+      row.lt = timed(R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
+      if (M <= cuda::detail::kStreamGemmMaxM)
+        row.stream = timed(R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
+      row.ours = timed(R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
+      row.part = timed(R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
+      if (M <= 128) row.fp4 = timed(RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+      if (M <= cuda::kNvfp4StreamMaxM)
+        row.fp4part = timed(RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
-      std::printf(
-          "N=%6lld K=%6lld M=%5lld | cublas %8.1f us | ours %8.1f us (%.2fx) %6.0f GB/s %6.1f TF/s | part %8.1f us "
-          "(unpart/part %.2f)",
-          (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.ours * 1e6, row.cublas / row.ours,
-          (wbytes + io) / row.ours * 1e-9, 2.0 * M * N * K / row.ours * 1e-12, row.part * 1e6, row.ours / row.part);
-      std::printf(" | part1 %8.1f us (%.2f)", row.part1 * 1e6, row.ours / row.part1);
+      std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | ours %8.1f (%.2fx) %5.0f GB/s | part "
+                  "%8.1f (unpart/part %.2f)",
+                  (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.lt * 1e6, row.stream * 1e6,
+                  row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
+                  row.ours / row.part);
       if (row.fp4 > 0)
-        std::printf(" | fp4 %7.1f us (%.2fx vs cublas) %6.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
+        std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
-      if (row.fp4part > 0)
-        std::printf(" | fp4part %7.1f us (%.2f) fp4part1 %7.1f us (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part,
-                    row.fp4part1 * 1e6, row.fp4 / row.fp4part1);
+      if (row.fp4part > 0) std::printf(" | fp4part %7.1f (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
       std::printf("\n");
       std::fflush(stdout);
+    }
+  }
+
+  // MLA absorbed BMMs (H = 128 heads, per-head weights [N, K]): q_nope x W_UK^T and o_lat x W_UV^T.
+  std::string bmm_md =
+      "\n| BMM (H x N x K) | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | part us | unpart/part |\n"
+      "|---|---|---|---|---|---|---|---|\n";
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}) {
+    const int64_t H = 128;
+    const double wbytes = double(H) * N * K * 2;
+    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
+    std::vector<Tensor> w(R);  // [H, N, K]
+    for (int r = 0; r < R; ++r) {
+      w[r] = Tensor::empty({H, N, K}, DType::kBF16, dev);
+      fill_random_bf16(w[r], rng);
+    }
+    std::vector<std::vector<Tensor>> shards(R);
+    for (int r = 0; r < R; ++r)
+      shards[r] = {w[r].slice(0, 0, H / 2).clone().transpose(1, 2), w[r].slice(0, H / 2, H).clone().transpose(1, 2)};
+    const std::vector<ops::PartitionSlice> hslices = {{0, H / 2, Stream{dev, parts[0].stream}},
+                                                      {H / 2, H, Stream{dev, parts[1].stream}}};
+    for (int64_t M : quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 8, 16, 32, 128}) {
+      Tensor xa = Tensor::empty({M, H, K}, DType::kBF16, dev), ya = Tensor::empty({M, H, N}, DType::kBF16, dev);
+      fill_random_bf16(xa, rng);
+      Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
+      const float alpha = 1.f, beta = 0.f;
+      auto timed = [&](const std::function<void(int)>& one) {
+        auto g = capture(s, [&] {
+          for (int r = 0; r < R; ++r) one(r);
+        });
+        return time_graph(g, s, R, 30);
+      };
+      const double t_cublas = timed([&](int r) {
+        cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
+                                   a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      });
+      const double t_ours = timed([&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
+      const double t_part = timed([&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      const double io = double(M) * H * (K + N) * 2;
+      std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) %5.0f GB/s | part %7.1f (unpart/part %.2f)\n",
+                  (long long)H, (long long)N, (long long)K, (long long)M, t_cublas * 1e6, t_ours * 1e6, t_cublas / t_ours,
+                  (wbytes + io) / t_ours * 1e-9, t_part * 1e6, t_ours / t_part);
+      std::fflush(stdout);
+      char line[256];
+      std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %lld | %s | %s | %.2f | %.0f | %s | %.2f |\n", (long long)H,
+                    (long long)N, (long long)K, (long long)M, us(t_cublas).c_str(), us(t_ours).c_str(), t_cublas / t_ours,
+                    (wbytes + io) / t_ours * 1e-9, us(t_part).c_str(), t_ours / t_part);
+      bmm_md += line;
     }
   }
 
@@ -321,29 +383,30 @@ int main(int argc, char** argv) {
                 "Device: %s, %d SMs; partitions: %s split, %d + %d SMs; measured copy bandwidth %.0f GB/s.\n\n",
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
-  md += "| N | K | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | part us | unpart/part | part (1 fork/join) us | unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 part us | unpart/part | NVFP4 part (1 fork/join) us | unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
+        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 part us | unpart/part |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
-    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %.1f | %.1f | %.2f | %.0f | %.1f | %.2f | %.1f | %.2f |",
-                  (long long)r.n, (long long)r.k, (long long)r.m, r.cublas * 1e6, r.ours * 1e6, r.cublas / r.ours,
-                  (wb + io) / r.ours * 1e-9, r.part * 1e6, r.ours / r.part, r.part1 * 1e6, r.ours / r.part1);
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |", (long long)r.n,
+                  (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(), us(r.stream).c_str(),
+                  us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
     md += buf;
     if (r.fp4 > 0) {
-      std::snprintf(buf, sizeof buf, " %.1f | %.2f | %.0f |", r.fp4 * 1e6, r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);
+      std::snprintf(buf, sizeof buf, " %s | %.2f | %.0f |", us(r.fp4).c_str(), r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);
       md += buf;
     } else {
       md += " - | - | - |";
     }
     if (r.fp4part > 0) {
-      std::snprintf(buf, sizeof buf, " %.1f | %.2f | %.1f | %.2f |\n", r.fp4part * 1e6, r.fp4 / r.fp4part,
-                    r.fp4part1 * 1e6, r.fp4 / r.fp4part1);
+      std::snprintf(buf, sizeof buf, " %s | %.2f |\n", us(r.fp4part).c_str(), r.fp4 / r.fp4part);
       md += buf;
     } else {
-      md += " - | - | - | - |\n";
+      md += " - | - |\n";
     }
   }
+  md += bmm_md;
   std::printf("\n%s", md.c_str());
   if (!out_path.empty()) {
     FILE* fo = std::fopen(out_path.c_str(), "w");

@@ -5,14 +5,12 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "core/tensor_checks.h"
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_small_ops.h"
+#endif
 
 namespace locus::ops {
 namespace {
-
-// These ops have no CUDA kernel in cuda_ops.h yet.
-void require_cpu(const char* op, const Tensor& t) {
-  LOCUS_CHECK(t.device().is_cpu(), "op ", op, " has no CUDA implementation (tensor on ", t.device().name(), ")");
-}
 
 void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name, const Tensor& ref) {
   LOCUS_CHECK(t.shape() == ref.shape(), op, ": ", name, " has shape ", t.shape_str(), " but ", ref_name, " has ",
@@ -49,8 +47,12 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, 
   LOCUS_CHECK(std::isfinite(eps) && eps >= 0.f, op, ": eps must be finite and >= 0, got ", eps);
   check_alias(op, y, "x", x, true);
   check_alias(op, y, "weight", weight, false);
-  require_cpu(op, x);
-  cpu::rmsnorm(x, weight, eps, y, cpu::ThreadPool::from_native(stream.native));
+  if (x.device().is_cpu()) return cpu::rmsnorm(x, weight, eps, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::rmsnorm(x, weight, eps, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream) {
@@ -64,8 +66,12 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream
   checks::same_device(op, "y", y, "a", a);
   check_alias(op, y, "a", a, true);
   check_alias(op, y, "b", b, true);
-  require_cpu(op, a);
-  cpu::add(a, b, y, cpu::ThreadPool::from_native(stream.native));
+  if (a.device().is_cpu()) return cpu::add(a, b, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::add(a, b, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", a.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 void cast(const Tensor& x, const Tensor& y, const Stream& stream) {
@@ -75,8 +81,12 @@ void cast(const Tensor& x, const Tensor& y, const Stream& stream) {
   check_same_shape(op, "y", y, "x", x);
   checks::same_device(op, "y", y, "x", x);
   check_alias(op, y, "x", x, false);
-  require_cpu(op, x);
-  cpu::cast(x, y, cpu::ThreadPool::from_native(stream.native));
+  if (x.device().is_cpu()) return cpu::cast(x, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::cast(x, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, const Stream& stream) {
@@ -95,13 +105,21 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, const St
   checks::same_device(op, "ids", ids, "table", table);
   checks::same_device(op, "y", y, "table", table);
   check_alias(op, y, "table", table, false);
-  require_cpu(op, table);
-  for (int64_t t = 0; t < ids.size(0); ++t) {
-    const int64_t id = cpu::load_index(ids, t);
-    LOCUS_CHECK(id >= 0 && id < table.size(0), op, ": ids[", t, "] = ", id, " is out of range for a table of ",
-                table.size(0), " rows");
+  if (table.device().is_cpu()) {
+    for (int64_t t = 0; t < ids.size(0); ++t) {
+      const int64_t id = cpu::load_index(ids, t);
+      LOCUS_CHECK(id >= 0 && id < table.size(0), op, ": ids[", t, "] = ", id, " is out of range for a table of ",
+                  table.size(0), " rows");
+    }
+    return cpu::embedding(table, ids, y, cpu::ThreadPool::from_native(stream.native));
   }
-  cpu::embedding(table, ids, y, cpu::ThreadPool::from_native(stream.native));
+  // Device ids are not read back (that would synchronize every call): the kernel writes a NaN
+  // row for an id out of range.
+#if defined(LOCUS_WITH_CUDA)
+  cuda::embedding(table, ids, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", table.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 }  // namespace locus::ops

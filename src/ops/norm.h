@@ -16,7 +16,10 @@ void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream
 // y = x converted to y's dtype (bf16 <-> fp32 <-> fp16), same shape, any strides.
 void cast(const Tensor& x, const Tensor& y, const Stream& stream = {});
 
-// y[T, H] = table[ids[t], :]; ids i32 or i64 [T]; an id out of range throws naming it.
+// y[T, H] = table[ids[t], :]; ids i32 or i64 [T] on the table's device. On the CPU an id out of
+// range throws naming it. On CUDA the ids are never read back to the host (that would
+// synchronize every call): an id out of range gives a row of NaN in y, and nothing outside the
+// table is read.
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, const Stream& stream = {});
 
 }  // namespace locus::ops

@@ -146,6 +146,47 @@ std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices, const 
   return out;
 }
 
+#if defined(LOCUS_WITH_CUDA)
+// The single-launch locality-domain path (cuda_ops.h gemm_domains): taken for skinny activations
+// on CUDA, where one domain-aware kernel beats a fork/join of one launch per partition.
+std::vector<cuda::DomainSlice> domain_slices(const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  std::vector<cuda::DomainSlice> out;
+  for (const auto& s : slices) out.push_back({s.n0, s.n1, effective_stream(caller, s.stream).native});
+  return out;
+}
+
+bool cuda_bf16_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y,
+                       bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  if (!x.device().is_cuda() || x.size(0) > cuda::stream_gemm_bf16_max_m()) return false;
+  return cuda::gemm_domains(x, shards, bias, y, swiglu, domain_slices(slices, caller), caller.native);
+}
+
+bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias, const Tensor& y,
+                        bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  if (!x.device().is_cuda()) return false;
+  return cuda::nvfp4_gemm_domains(x, shards, bias, y, swiglu, domain_slices(slices, caller), caller.native);
+}
+
+bool cuda_bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                      const std::vector<PartitionSlice>& slices, const Stream& caller) {
+  if (!a.device().is_cuda() || a.size(1) > cuda::stream_gemm_bf16_max_m()) return false;
+  return cuda::bmm_domains(a, b_shards, y, domain_slices(slices, caller), caller.native);
+}
+#else
+bool cuda_bf16_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const Tensor&, bool,
+                       const std::vector<PartitionSlice>&, const Stream&) {
+  return false;
+}
+bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Tensor&, const Tensor&, bool,
+                        const std::vector<PartitionSlice>&, const Stream&) {
+  return false;
+}
+bool cuda_bmm_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const std::vector<PartitionSlice>&,
+                      const Stream&) {
+  return false;
+}
+#endif
+
 }  // namespace
 
 void run_partitioned(const Stream& caller, const std::vector<Stream>& streams, const std::function<void(int)>& fn) {
@@ -188,6 +229,7 @@ void gemm_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const 
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_dense_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));  // validates the shape before the fork
+  if (cuda_bf16_domains(x, shards, bias, y, false, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
   run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
@@ -203,6 +245,7 @@ void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards,
   for (size_t p = 0; p < slices.size(); ++p) {
     check_dense_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));  // [gate rows; up rows]
   }
+  if (cuda_bf16_domains(x, shards, Tensor(), y, true, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
   run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
@@ -217,6 +260,7 @@ void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& sha
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_nvfp4_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));
+  if (cuda_nvfp4_domains(x, shards, bias, y, false, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
   run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
@@ -232,6 +276,7 @@ void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weigh
   for (size_t p = 0; p < slices.size(); ++p) {
     check_nvfp4_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));
   }
+  if (cuda_nvfp4_domains(x, shards, Tensor(), y, true, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
   run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];
@@ -257,6 +302,7 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
     LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
                 " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
   }
+  if (cuda_bmm_domains(a, b_shards, y, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
   run_partitioned(caller, streams, [&](int p) {
     const PartitionSlice& s = slices[p];

@@ -6,6 +6,9 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "core/tensor_checks.h"
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_small_ops.h"
+#endif
 
 namespace locus::ops {
 namespace {
@@ -99,14 +102,23 @@ void apply_rope(const Tensor& x, const Tensor& positions, const RopeTable& table
   checks::unit_last_stride(op, "table.sin", table.sin);
   checks::same_device(op, "positions", positions, "x", x);
   checks::same_device(op, "table.cos", table.cos, "x", x);
-  LOCUS_CHECK(x.device().is_cpu(), "op apply_rope has no CUDA implementation (tensor on ", x.device().name(), ")");
-  const int64_t max_pos = table.cos.size(0);
-  for (int64_t t = 0; t < positions.size(0); ++t) {
-    const int64_t p = cpu::load_index(positions, t);
-    LOCUS_CHECK(p >= 0 && p < max_pos, op, ": positions[", t, "] = ", p, " is outside the table's ", max_pos,
-                " positions");
+  checks::same_device(op, "table.sin", table.sin, "x", x);
+  if (x.device().is_cpu()) {
+    const int64_t max_pos = table.cos.size(0);
+    for (int64_t t = 0; t < positions.size(0); ++t) {
+      const int64_t p = cpu::load_index(positions, t);
+      LOCUS_CHECK(p >= 0 && p < max_pos, op, ": positions[", t, "] = ", p, " is outside the table's ", max_pos,
+                  " positions");
+    }
+    return cpu::apply_rope(x, positions, table, interleaved, cpu::ThreadPool::from_native(stream.native));
   }
-  cpu::apply_rope(x, positions, table, interleaved, cpu::ThreadPool::from_native(stream.native));
+  // Device positions are not read back (that would synchronize every call): the kernel turns the
+  // rotary elements of a token whose position is outside the table into NaN.
+#if defined(LOCUS_WITH_CUDA)
+  cuda::apply_rope(x, positions, table.cos, table.sin, interleaved, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 }  // namespace locus::ops

@@ -26,7 +26,11 @@ struct RopeTable {
 RopeTable make_rope_table(const RopeConfig& cfg, int64_t max_positions);
 
 // In place on x [T, H, dim] or [T, dim] (last dim unit stride; any other strides), positions
-// i32/i64 [T] within the table. fp32 math, one rounding per element.
+// i32/i64 [T] within the table; positions and table on x's device. fp32 math, one rounding per
+// element. On the CPU a position outside the table throws naming it. On CUDA the positions are
+// never read back to the host (that would synchronize every call): a token whose position is
+// outside the table gets NaN in all its rotary elements (every head), and nothing outside the
+// table is read.
 // interleaved = true rotates pairs (2i, 2i+1) (DeepSeek MLA); false rotates (i, i + dim/2).
 void apply_rope(const Tensor& x, const Tensor& positions, const RopeTable& table, bool interleaved,
                 const Stream& stream = {});

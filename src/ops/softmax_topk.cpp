@@ -3,6 +3,9 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "core/tensor_checks.h"
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_small_ops.h"
+#endif
 
 namespace locus::ops {
 
@@ -18,8 +21,12 @@ void softmax(const Tensor& x, const Tensor& y, const Stream& stream) {
   if (checks::may_overlap(y, x))
     LOCUS_CHECK(y.data_ptr() == x.data_ptr() && y.strides() == x.strides(), op,
                 ": y overlaps x without being the same view");
-  LOCUS_CHECK(x.device().is_cpu(), "op softmax has no CUDA implementation (tensor on ", x.device().name(), ")");
-  cpu::softmax(x, y, cpu::ThreadPool::from_native(stream.native));
+  if (x.device().is_cpu()) return cpu::softmax(x, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::softmax(x, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indices, const Stream& stream) {
@@ -42,8 +49,12 @@ void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indice
   checks::no_overlap(op, "values", values, "x", x);
   checks::no_overlap(op, "indices", indices, "x", x);
   checks::no_overlap(op, "indices", indices, "values", values);
-  LOCUS_CHECK(x.device().is_cpu(), "op topk has no CUDA implementation (tensor on ", x.device().name(), ")");
-  cpu::topk(x, k, values, indices, cpu::ThreadPool::from_native(stream.native));
+  if (x.device().is_cpu()) return cpu::topk(x, k, values, indices, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::topk(x, k, values, indices, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 }  // namespace locus::ops

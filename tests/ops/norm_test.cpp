@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "ops/fp64_reference.h"
 #include "test_util.h"
 
 namespace locus {
@@ -16,17 +17,7 @@ using testing::get;
 using testing::randn;
 using testing::rel_error;
 
-std::vector<double> ref_rmsnorm(const Tensor& x, const Tensor& w, double eps) {
-  const int64_t h = x.size(-1), rows = x.numel() / h;
-  std::vector<double> xd = testing::to_doubles(x), wd = testing::to_doubles(w), out(xd.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int64_t c = 0; c < h; ++c) ss += xd[r * h + c] * xd[r * h + c];
-    const double inv = 1.0 / std::sqrt(ss / h + eps);
-    for (int64_t c = 0; c < h; ++c) out[r * h + c] = xd[r * h + c] * inv * wd[c];
-  }
-  return out;
-}
+using testing::ref_rmsnorm;
 
 TEST(Rmsnorm, MatchesFp64ForBf16AndFp32) {
   const uint64_t seed = fresh_seed();

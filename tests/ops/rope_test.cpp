@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "ops/fp64_reference.h"
 #include "test_util.h"
 
 namespace locus {
@@ -104,22 +105,7 @@ TEST(RopeTable, RejectsBadConfigs) {
   EXPECT_THROW(ops::make_rope_table(c, 4), Error);
 }
 
-// y = rotation of pairs by the table, in double.
-std::vector<double> ref_rope(const Tensor& x, const std::vector<int64_t>& pos, const ops::RopeTable& t, bool inter) {
-  const int64_t tokens = x.size(0), heads = x.size(1), d = x.size(2), half = d / 2;
-  std::vector<double> v = testing::to_doubles(x);
-  for (int64_t tk = 0; tk < tokens; ++tk)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t i = 0; i < half; ++i) {
-        const double c = t.cos.data<float>()[pos[tk] * half + i], s = t.sin.data<float>()[pos[tk] * half + i];
-        const int64_t base = (tk * heads + h) * d;
-        const int64_t i0 = base + (inter ? 2 * i : i), i1 = base + (inter ? 2 * i + 1 : i + half);
-        const double a = v[i0], b = v[i1];
-        v[i0] = a * c - b * s;
-        v[i1] = a * s + b * c;
-      }
-  return v;
-}
+using testing::ref_rope;
 
 TEST(ApplyRope, InterleavedAndRotateHalfMatchFp64) {
   const uint64_t seed = fresh_seed();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "ops/fp64_reference.h"
 #include "test_util.h"
 
 namespace locus {
@@ -22,13 +23,7 @@ TEST(Softmax, MatchesFp64WithMaskedEntriesAndInPlace) {
   const int64_t m = 4, n = 37;
   Tensor x = randn({m, n}, DType::kFP32, seed, 5.0);
   x.data<float>()[3] = -INFINITY;  // a masked logit
-  std::vector<double> xd = testing::to_doubles(x), ref(xd.size());
-  for (int64_t r = 0; r < m; ++r) {
-    double mx = -INFINITY, s = 0;
-    for (int64_t c = 0; c < n; ++c) mx = std::max(mx, xd[r * n + c]);
-    for (int64_t c = 0; c < n; ++c) s += std::exp(xd[r * n + c] - mx);
-    for (int64_t c = 0; c < n; ++c) ref[r * n + c] = std::exp(xd[r * n + c] - mx) / s;
-  }
+  const std::vector<double> ref = testing::ref_softmax(x);
   Tensor y = Tensor::empty({m, n}, DType::kFP32);
   y.fill_nan_();
   ops::softmax(x, y);

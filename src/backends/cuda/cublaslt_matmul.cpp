@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/persistent_alloc.h"
 #include "backends/cuda/stream_registry.h"
 
 #define LOCUS_CUBLAS_CHECK(call)                                                             \
@@ -115,9 +116,27 @@ void make_layout(cublasLtMatrixLayout_t* out, cudaDataType t, int64_t rows, int6
   }
 }
 
+// alpha/beta arguments in the descriptor's pointer mode: host 1 and 0, or the device alpha and a
+// device zero.
+struct Scalars {
+  const void* alpha;
+  const void* beta;
+};
+
+const float* device_zero() {
+  static const float* z = static_cast<const float*>(persistent_device_alloc(sizeof(float), nullptr, "allocating cuBLASLt's device beta"));
+  return z;
+}
+
+Scalars scalars(const LtMatmul& mm) {
+  static const float one = 1.f, zero = 0.f;
+  if (mm.alpha_device) return {mm.alpha_device, device_zero()};
+  return {&one, &zero};
+}
+
 float time_algo(cublasLtHandle_t h, const Descs& ds, const cublasLtMatmulAlgo_t& algo, const LtMatmul& mm,
                 void* ws, cudaStream_t stream) {
-  const float alpha = 1.f, beta = 0.f;
+  const Scalars sc = scalars(mm);
   cudaEvent_t e0, e1;
   LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
   LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
@@ -125,7 +144,7 @@ float time_algo(cublasLtHandle_t h, const Descs& ds, const cublasLtMatmulAlgo_t&
   bool ok = true;
   for (int rep = 0; rep < 4 && ok; ++rep) {
     cudaEventRecord(e0, stream);
-    ok = cublasLtMatmul(h, ds.op, &alpha, mm.a, ds.a, mm.b, ds.b, &beta, mm.d, ds.d, mm.d, ds.d, &algo, ws,
+    ok = cublasLtMatmul(h, ds.op, sc.alpha, mm.a, ds.a, mm.b, ds.b, sc.beta, mm.d, ds.d, mm.d, ds.d, &algo, ws,
                         kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
     cudaEventRecord(e1, stream);
     cudaEventSynchronize(e1);
@@ -170,6 +189,13 @@ void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
   cublasOperation_t ta = mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (mm.alpha_device) {
+    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+  }
+  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = the partition's SMs was tried on the H200 on
+  // 2026-12-02: slower at M = 512 and an execution failure at M = 4096 on a green-context stream.)
+  const int sm_part = partition_stream_sm_count(stream);
   if (mm.bias) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
@@ -192,13 +218,11 @@ void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
   u = al_d; cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &u, sizeof(u));
   cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &u, sizeof(u));
 
-  const int sm_part = partition_stream_sm_count(stream);
   const std::string key =
       str(mm.trans_a, mm.trans_b, ':', mm.m, 'x', mm.n, 'x', mm.k, ':', mm.lda, ',', mm.ldb, ',', mm.ldd, ':', mm.batch,
           ',', mm.stride_a, ',', mm.stride_b, ',', mm.stride_d, ':', mm.d_f32, ':', mm.bias != nullptr, mm.bias_f32, ':',
-          al_a, ',', al_b, ',', al_d, ',', al_bias, ":sm", sm_part);
+          al_a, ',', al_b, ',', al_d, ',', al_bias, ":sm", sm_part, ':', mm.alpha_device != nullptr);
 
-  const float alpha = 1.f, beta = 0.f;
   auto it = s.tactics.find(key);
   if (it == s.tactics.end()) {
     constexpr int kCandidates = 8;
@@ -223,8 +247,9 @@ void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
     }
     it = s.tactics.emplace(key, res[best].algo).first;
   }
-  LOCUS_CUBLAS_CHECK(cublasLtMatmul(h, ds.op, &alpha, mm.a, ds.a, mm.b, ds.b, &beta, mm.d, ds.d, mm.d, ds.d, &it->second,
-                                    ws, kWorkspaceBytes, stream));
+  const Scalars sc = scalars(mm);
+  LOCUS_CUBLAS_CHECK(cublasLtMatmul(h, ds.op, sc.alpha, mm.a, ds.a, mm.b, ds.b, sc.beta, mm.d, ds.d, mm.d, ds.d,
+                                    &it->second, ws, kWorkspaceBytes, stream));
 }
 
 }  // namespace locus::cuda::detail

@@ -19,6 +19,9 @@ struct LtMatmul {
   bool d_f32 = false;
   const void* bias = nullptr;  // per row of D (length m), or nullptr
   bool bias_f32 = false;
+  // D = alpha * op(A) op(B) (+ bias): alpha = 1, or an fp32 read from device memory at run time
+  // (the NVFP4 global scale, so in-place reloads reach captured graphs).
+  const float* alpha_device = nullptr;
 };
 
 void lt_matmul(const LtMatmul& mm, cudaStream_t stream);

@@ -19,15 +19,21 @@ namespace locus::cuda {
 namespace detail {
 namespace {
 std::mutex g_streams_mu;
-std::map<void*, int>& partition_streams() {
-  static auto* m = new std::map<void*, int>();
+struct PartitionStream {
+  int sm_count = 0;
+  std::vector<int> smids;
+  uint64_t serial = 0;
+};
+uint64_t g_next_serial = 1;
+std::map<void*, PartitionStream>& partition_streams() {
+  static auto* m = new std::map<void*, PartitionStream>();
   return *m;
 }
 }  // namespace
 
-void register_partition_stream(void* stream, int sm_count) {
+void register_partition_stream(void* stream, int sm_count, std::vector<int> smids) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
-  partition_streams()[stream] = sm_count;
+  partition_streams()[stream] = {sm_count, std::move(smids), g_next_serial++};
 }
 void unregister_partition_stream(void* stream) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
@@ -36,7 +42,17 @@ void unregister_partition_stream(void* stream) {
 int partition_stream_sm_count(void* stream) {
   std::lock_guard<std::mutex> lock(g_streams_mu);
   auto it = partition_streams().find(stream);
-  return it == partition_streams().end() ? 0 : it->second;
+  return it == partition_streams().end() ? 0 : it->second.sm_count;
+}
+uint64_t partition_stream_serial(void* stream) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  auto it = partition_streams().find(stream);
+  return it == partition_streams().end() ? 0 : it->second.serial;
+}
+std::vector<int> partition_stream_smids(void* stream) {
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  auto it = partition_streams().find(stream);
+  return it == partition_streams().end() ? std::vector<int>() : it->second.smids;
 }
 }  // namespace detail
 
@@ -178,8 +194,8 @@ std::vector<SmPartition> create_sm_partitions(int device_index, int count, Split
       CUstream s = nullptr;
       check_cu(d.cuGreenCtxStreamCreate(&s, g, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate");
       parts.back().stream = s;
-      detail::register_partition_stream(s, parts.back().sm_count);
       parts.back().smids = probe_smids(reinterpret_cast<cudaStream_t>(s), 8 * p.sm_count);
+      detail::register_partition_stream(s, parts.back().sm_count, parts.back().smids);
     }
   } catch (...) {
     destroy_sm_partitions(parts);

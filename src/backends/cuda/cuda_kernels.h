@@ -27,19 +27,10 @@ void launch_bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t
 void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int64_t dst_ld, int64_t rows, int64_t cols,
                            cudaStream_t stream);
 
-// NVFP4 weight-only GEMM on the kCudaTiled layout (see nvfp4_layout.h).
-struct Nvfp4GemmArgs {
-  const uint16_t* x; int64_t x_ld;   // bf16 [M, K], rows 16-byte aligned
-  const uint8_t* w_tiles;            // packed tiles [N16/16][K64/64][32 lanes][16 bytes]
-  const uint16_t* w_scales;          // [N16/16][K64/64][32 lanes] two re-encoded scale bytes
-  const float* global_scale;         // device pointer (rewritten in place on reload)
-  int64_t n, k, m;                   // logical sizes; n = output columns
-  int64_t k_chunks;                  // K64 / 64
-  const void* bias; bool bias_f32;   // nullptr: no bias
-  void* y; int64_t y_ld; bool y_f32;
-  bool swiglu;                       // gate rows [0, n), up rows [n16, n16 + n) of the tiles
-  int64_t up_tile_offset;            // row-tile index where the up rows start (swiglu only)
-};
-void launch_nvfp4_gemm(const Nvfp4GemmArgs& a, cudaStream_t stream);
+// A prepared (kCudaTiled) NVFP4 weight dequantized into bf16 rows: out[r, k] = e2m1 * block scale
+// * 2^-16 for r < n, k < chunks * 64 (exact), and *alpha_out = global scale * 2^16, so that
+// alpha_out * (x out^T) is the product with the dequantized weight.
+void launch_nvfp4_dequant(const uint8_t* tiles, const uint16_t* scales, const float* global_scale, int64_t n,
+                          int64_t chunks, uint16_t* out, int64_t out_ld, float* alpha_out, cudaStream_t stream);
 
 }  // namespace locus::cuda::detail

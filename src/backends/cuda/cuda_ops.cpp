@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backends/cuda/bf16_gemm.h"
 #include "backends/cuda/cublaslt_matmul.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -54,27 +55,70 @@ void check_gemm_operands(const char* op, const Tensor& x, const Tensor& w, const
 }
 
 // y(col-major D, N x M) = w(T) * x
-void gemm_into(const Tensor& x, const Tensor& w, const void* bias, bool bias_f32, void* y, int64_t ldy, bool y_f32,
-               cudaStream_t stream) {
+void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, bool bias_f32, void* y, int64_t ldy,
+               bool y_f32, cudaStream_t stream) {
   detail::LtMatmul mm;
   mm.trans_a = true;
   mm.trans_b = false;
-  mm.m = w.size(0);
+  mm.m = w.n;
   mm.n = x.size(0);
   mm.k = x.size(1);
-  mm.lda = w.stride(0);
+  mm.lda = w.ld;
   mm.ldb = x.stride(0);
   mm.ldd = ldy;
-  mm.a = w.data_ptr();
+  mm.a = w.data;
   mm.b = x.data_ptr();
   mm.d = y;
   mm.d_f32 = y_f32;
   mm.bias = bias;
   mm.bias_f32 = bias_f32;
+  mm.alpha_device = w.alpha_device;
   detail::lt_matmul(mm, stream);
 }
 
+detail::Bf16Weight weight_of(const Tensor& w) { return {w.data_ptr(), w.stride(0), w.size(0), nullptr}; }
+
 }  // namespace
+
+namespace detail {
+
+void bf16_gemm(const Tensor& x, const Bf16Weight& w, const Tensor& bias, const Tensor& y, cudaStream_t s) {
+  const int64_t m = x.size(0), n = w.n;
+  if (m == 0 || n == 0) return;
+  const bool y_f32 = y.dtype() == DType::kFP32;
+  if (bias.defined() && y_f32 && bias.dtype() == DType::kBF16) {
+    // cuBLASLt wants an fp32 bias for fp32 output: widen it into stream-ordered scratch.
+    float* b32 = static_cast<float*>(scratch_alloc(n * sizeof(float), s));
+    launch_bf16_to_f32(bias.data<uint16_t>(), b32, n, s);
+    gemm_into(x, w, b32, true, y.data_ptr(), y.stride(0), true, s);
+    scratch_free(b32, s);
+    return;
+  }
+  if (bias.defined() && !y_f32 && bias.dtype() == DType::kFP32) {
+    // cuBLASLt has no fp32 bias for a bf16 output: fp32 result (+ fp32 bias) in scratch, then
+    // one rounding into y.
+    float* y32 = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * n) * sizeof(float), s));
+    gemm_into(x, w, bias.data_ptr(), true, y32, n, true, s);
+    launch_f32_to_bf16_2d(y32, n, y.data<uint16_t>(), y.stride(0), m, n, s);
+    scratch_free(y32, s);
+    return;
+  }
+  gemm_into(x, w, bias.defined() ? bias.data_ptr() : nullptr, bias.defined() && bias.dtype() == DType::kFP32,
+            y.data_ptr(), y.stride(0), y_f32, s);
+}
+
+void bf16_gemm_swiglu(const Tensor& x, const Bf16Weight& w, const Tensor& y, cudaStream_t s) {
+  const int64_t m = x.size(0), n2 = w.n, inter = n2 / 2;
+  if (m == 0 || n2 == 0) return;
+  // fp32 gate/up accumulators in scratch, then SwiGLU rounds once into y.
+  float* gu = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * n2) * sizeof(float), s));
+  gemm_into(x, w, nullptr, false, gu, n2, true, s);
+  SwigluArgs a{gu, gu + inter, n2, n2, true, y.data_ptr(), y.stride(0), y.dtype() == DType::kFP32, m, inter};
+  launch_swiglu(a, s);
+  scratch_free(gu, s);
+}
+
+}  // namespace detail
 
 void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, void* stream) {
   int64_t m, n, k;
@@ -87,27 +131,8 @@ void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
   }
   if (m == 0 || n == 0) return;
   set_device(x.device().index);
-  cudaStream_t s = as_stream(stream);
-  const bool y_f32 = y.dtype() == DType::kFP32;
-  if (bias.defined() && y_f32 && bias.dtype() == DType::kBF16) {
-    // cuBLASLt wants an fp32 bias for fp32 output: widen it into stream-ordered scratch.
-    float* b32 = static_cast<float*>(detail::scratch_alloc(n * sizeof(float), s));
-    detail::launch_bf16_to_f32(bias.data<uint16_t>(), b32, n, s);
-    gemm_into(x, w, b32, true, y.data_ptr(), y.stride(0), true, s);
-    detail::scratch_free(b32, s);
-    return;
-  }
-  if (bias.defined() && !y_f32 && bias.dtype() == DType::kFP32) {
-    // cuBLASLt has no fp32 bias for a bf16 output: fp32 result (+ fp32 bias) in scratch, then
-    // one rounding into y.
-    float* y32 = static_cast<float*>(detail::scratch_alloc(static_cast<size_t>(m * n) * sizeof(float), s));
-    gemm_into(x, w, bias.data_ptr(), true, y32, n, true, s);
-    detail::launch_f32_to_bf16_2d(y32, n, y.data<uint16_t>(), y.stride(0), m, n, s);
-    detail::scratch_free(y32, s);
-    return;
-  }
-  gemm_into(x, w, bias.defined() ? bias.data_ptr() : nullptr, bias.defined() && bias.dtype() == DType::kFP32,
-            y.data_ptr(), y.stride(0), y_f32, s);
+  if (m <= stream_gemm_bf16_max_m() && stream_gemm(x, w, bias, y, false, stream)) return;
+  detail::bf16_gemm(x, weight_of(w), bias, y, as_stream(stream));
 }
 
 void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, void* stream) {
@@ -117,14 +142,8 @@ void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, void
   check_gemm_operands("cuda::gemm_swiglu", x, w_gate_up, y, 2, &m, &n2, &k);
   if (m == 0 || n2 == 0) return;
   set_device(x.device().index);
-  cudaStream_t s = as_stream(stream);
-  const int64_t inter = n2 / 2;
-  // fp32 gate/up accumulators in scratch, then SwiGLU rounds once into y.
-  float* gu = static_cast<float*>(detail::scratch_alloc(static_cast<size_t>(m * n2) * sizeof(float), s));
-  gemm_into(x, w_gate_up, nullptr, false, gu, n2, true, s);
-  detail::SwigluArgs a{gu, gu + inter, n2, n2, true, y.data_ptr(), y.stride(0), y.dtype() == DType::kFP32, m, inter};
-  detail::launch_swiglu(a, s);
-  detail::scratch_free(gu, s);
+  if (m <= stream_gemm_bf16_max_m() && stream_gemm(x, w_gate_up, Tensor(), y, true, stream)) return;
+  detail::bf16_gemm_swiglu(x, weight_of(w_gate_up), y, as_stream(stream));
 }
 
 void swiglu(const Tensor& gate_up, const Tensor& y, void* stream) {
@@ -167,6 +186,7 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
   LOCUS_CHECK(a.stride(1) >= K || M == 1, "cuda::bmm: a's row stride ", a.stride(1), " is smaller than K = ", K);
   if (B == 0 || M == 0 || N == 0) return;
   set_device(dev);
+  if (M <= stream_gemm_bf16_max_m() && stream_bmm(a, b, y, stream)) return;
   // Row-major y[b] = a[b] b[b]  <=>  column-major y^T (N x M) = b^T (N x K) a^T (K x M).
   detail::LtMatmul mm;
   mm.trans_a = b_transposed;

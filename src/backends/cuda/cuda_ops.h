@@ -26,8 +26,46 @@ ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_in
 void nvfp4_prepare_into(const ops::Nvfp4Weight& linear_cpu, const ops::Nvfp4Weight& tiled);
 // A device copy of a prepared (kCudaTiled) weight, global scale included, tagged with `domain`.
 ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain);
+// NVFP4 GEMM: the weight-streaming kernel for M <= kNvfp4StreamMaxM (blocks of 32 rows), else the
+// weight dequantized to BF16 in stream-ordered scratch and cuBLASLt (exact: the global scale is
+// the matmul's alpha, read on the device, so in-place reloads reach captured graphs too).
+constexpr int64_t kNvfp4StreamMaxM = 64;
 void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, void* stream);
 void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, void* stream);
+
+// ---- the weight-streaming kernel (stream_gemm.h) and its single-launch locality-domain form ----
+// Largest M for which cuda::gemm / gemm_swiglu (and the partitioned BF16 ops) use the streaming
+// kernel rather than cuBLASLt; LOCUS_STREAM_GEMM_BF16_MAX_M overrides it.
+int stream_gemm_bf16_max_m();
+// BF16 y = x w^T (+ bias) or, with swiglu, silu(x wg^T) * (x wu^T) for w = [gate; up], by the
+// streaming kernel whatever M: false (nothing launched) when the problem is outside its range
+// (M > 32, unaligned rows, K % 8 != 0).
+bool stream_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, bool swiglu, void* stream);
+
+// One partition of a partitioned op: output columns [n0, n1) from the shard of the same index,
+// owned by the domain whose partition stream is `stream`.
+struct DomainSlice {
+  int64_t n0 = 0, n1 = 0;
+  void* stream = nullptr;
+};
+// The partitioned GEMMs as ONE launch on `caller`: each CTA works on the shards of the domain
+// its SM belongs to (the green-context partition of that stream), then steals. Output slices are
+// written in place; no fork/join. False (nothing launched) when the problem is outside the
+// streaming kernel's range (then the caller forks/joins per partition). With swiglu each shard
+// is [gate rows; up rows] of its slice.
+bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y, bool swiglu,
+                  const std::vector<DomainSlice>& slices, void* caller);
+// BMM y[h] = a[h] b[h] (ops/bmm.h shapes) by the streaming kernel, for b a transposed view of
+// per-head [N, K] weights (stride(1) == 1) and M <= 32; false otherwise (nothing launched).
+bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream);
+// The BMM partitioned over heads as one domain-aware launch: slice p = heads [n0, n1) with
+// weights b_shards[p] ([n1 - n0, K, N], transposed views); false when not eligible.
+bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                 const std::vector<DomainSlice>& slices, void* caller);
+// NVFP4 (prepared shards), M <= kNvfp4StreamMaxM; false when M is larger or a fused gate/up
+// shard's up rows do not start on a 16-row tile.
+bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                        const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller);
 
 // Fork/join across streams with events (capture-safe: stream events, never green-context events).
 // fork: every stream in `targets` waits for the work queued so far on `origin`.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backends/cuda/bf16_gemm.h"
 #include "backends/cuda/cublaslt_matmul.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -125,6 +126,10 @@ void check_x(const Tensor& x, int64_t k, const char* op) {
               ": x rows must be 16-byte aligned (row stride ", x.stride(0), " elements)");
 }
 
+const float* global_scale_ptr(const ops::Nvfp4Weight& w) {
+  return reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - kNvfp4GlobalScaleBytes);
+}
+
 void check_y(const Tensor& y, int64_t m, int64_t n, const Tensor& x, const char* op) {
   LOCUS_CHECK(y.defined() && y.device().is_cuda() && y.device() == x.device(), op,
               ": y must be on the same CUDA device as x");
@@ -139,17 +144,28 @@ void check_y(const Tensor& y, int64_t m, int64_t n, const Tensor& x, const char*
   LOCUS_CHECK(m == 0 || y1 <= x0 || x1 <= y0, op, ": y overlaps x (NVFP4 GEMM is never in place)");
 }
 
-Nvfp4GemmArgs base_args(const Tensor& x, const ops::Nvfp4Weight& w) {
-  Nvfp4GemmArgs a{};
-  a.x = x.data<uint16_t>();
-  a.x_ld = x.stride(0);
-  a.w_tiles = w.packed.data<uint8_t>();
-  a.w_scales = w.scales.data<uint16_t>();
-  a.global_scale = reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - kNvfp4GlobalScaleBytes);
-  a.k = w.k;
-  a.m = x.size(0);
-  a.k_chunks = nvfp4_padded_k(w.k) / kNvfp4ChunkK;
-  return a;
+// The weight dequantized into stream-ordered scratch (bf16 [n, k64], times 2^-16) for cuBLASLt, with
+// alpha = global scale * 2^16 in device memory; the scratch goes back to the pool with the object.
+struct DequantizedWeight {
+  detail::Bf16Weight weight;
+  void* scratch = nullptr;
+  DequantizedWeight(const ops::Nvfp4Weight& w, cudaStream_t s) : stream(s) {
+    const int64_t k64 = nvfp4_padded_k(w.k);
+    const size_t bytes = static_cast<size_t>(w.n * k64) * 2;
+    scratch = scratch_alloc(bytes + sizeof(float), s);  // the rows, then alpha
+    auto* alpha = reinterpret_cast<float*>(static_cast<char*>(scratch) + bytes);
+    launch_nvfp4_dequant(w.packed.data<uint8_t>(), w.scales.data<uint16_t>(), global_scale_ptr(w), w.n,
+                         k64 / kNvfp4ChunkK, static_cast<uint16_t*>(scratch), k64, alpha, s);
+    weight = {scratch, k64, w.n, alpha};
+  }
+  ~DequantizedWeight() { cudaFreeAsync(scratch, stream); }  // no throw from a destructor
+  DequantizedWeight(const DequantizedWeight&) = delete;
+  DequantizedWeight& operator=(const DequantizedWeight&) = delete;
+  cudaStream_t stream;
+};
+
+std::vector<DomainSlice> whole(const ops::Nvfp4Weight& w, bool swiglu, void* stream) {
+  return {DomainSlice{0, swiglu ? w.n / 2 : w.n, stream}};
 }
 
 void set_device(int index) {
@@ -207,14 +223,10 @@ void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, 
   }
   if (x.size(0) == 0) return;
   set_device(x.device().index);
-  Nvfp4GemmArgs a = base_args(x, w);
-  a.n = w.n;
-  a.bias = bias.defined() ? bias.data_ptr() : nullptr;
-  a.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
-  a.y = y.data_ptr();
-  a.y_ld = y.stride(0);
-  a.y_f32 = y.dtype() == DType::kFP32;
-  launch_nvfp4_gemm(a, static_cast<cudaStream_t>(stream));
+  if (nvfp4_gemm_domains(x, {w}, bias, y, false, whole(w, false, stream), stream)) return;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DequantizedWeight dq(w, s);
+  detail::bf16_gemm(x, dq.weight, bias, y, s);
 }
 
 void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, void* stream) {
@@ -226,28 +238,21 @@ void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor&
   if (m == 0) return;
   set_device(x.device().index);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  Nvfp4GemmArgs a = base_args(x, w);
-  if (inter % kNvfp4TileRows == 0) {
-    // Fused: every CTA holds the gate tile and the matching up tile.
-    a.n = inter;
-    a.swiglu = true;
-    a.up_tile_offset = inter / kNvfp4TileRows;
-    a.y = y.data_ptr();
-    a.y_ld = y.stride(0);
-    a.y_f32 = y.dtype() == DType::kFP32;
-    launch_nvfp4_gemm(a, s);
+  // Fused in the streaming kernel when the up rows start on a 16-row tile.
+  if (nvfp4_gemm_domains(x, {w}, Tensor(), y, true, whole(w, true, stream), stream)) return;
+  if (m <= kNvfp4StreamMaxM) {
+    // Gate and up rows share a tile: fp32 [gate | up] products, then SwiGLU.
+    float* gu = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * w.n) * sizeof(float), s));
+    Tensor gu_t = Tensor::from_blob(gu, {m, w.n}, DType::kFP32, x.device());
+    LOCUS_CHECK(nvfp4_gemm_domains(x, {w}, Tensor(), gu_t, false, whole(w, false, stream), stream),
+                "cuda::nvfp4_gemm_swiglu: the streaming kernel refused M = ", m);
+    SwigluArgs sa{gu, gu + inter, w.n, w.n, true, y.data_ptr(), y.stride(0), y.dtype() == DType::kFP32, m, inter};
+    launch_swiglu(sa, s);
+    scratch_free(gu, s);
     return;
   }
-  // Gate and up rows do not start on a 16-row tile: fp32 GEMM into scratch, then SwiGLU.
-  float* gu = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * w.n) * sizeof(float), s));
-  a.n = w.n;
-  a.y = gu;
-  a.y_ld = w.n;
-  a.y_f32 = true;
-  launch_nvfp4_gemm(a, s);
-  SwigluArgs sa{gu, gu + inter, w.n, w.n, true, y.data_ptr(), y.stride(0), y.dtype() == DType::kFP32, m, inter};
-  launch_swiglu(sa, s);
-  scratch_free(gu, s);
+  DequantizedWeight dq(w, s);
+  detail::bf16_gemm_swiglu(x, dq.weight, y, s);
 }
 
 }  // namespace locus::cuda

@@ -1,0 +1,90 @@
+// Internal to the CUDA backend: the weight-streaming GEMM for skinny activations (decode, M <= 32),
+// y[M, N] = x[M, K] W^T, with W in BF16 (row-major) or NVFP4 (kCudaTiled, nvfp4_layout.h), and
+// its locality-domain form: ONE launch over the whole GPU in which every CTA reads the SM it runs
+// on, maps it to a domain (a %smid -> domain table built from the green-context partitions) and
+// takes work from that domain's weight shards first ("own queue first, then steal"), writing its
+// output columns in place. So a partitioned op costs no fork/join and no second launch, and the
+// result never depends on where the CTAs land.
+//
+// Work decomposition. Each weight part (the whole weight, or one domain's shard) is cut into
+// 16-row tiles; with SwiGLU a tile has two halves (its gate rows and the matching up rows). The K
+// chunks of a tile-half (64 K for NVFP4, 32 K for BF16) are split evenly into S units, S chosen
+// per launch so that the GPU's resident warps get a few units each. A warp takes one unit at a
+// time from an atomic counter of its domain, streams the unit's weight chunks through a
+// register pipeline (several 16-byte loads in flight per lane) into mma.sync m16n8k16 with the
+// tokens on the n side, and then
+//   - S == 1 and no SwiGLU: writes the tile's outputs directly;
+//   - else: stores its fp32 partial tile, and the last of the tile's units (an atomic count)
+//     adds the partials in unit order (deterministic), applies scale/bias/SwiGLU and writes y.
+// Counters are reset by the kernel itself, so graph replays need no memset.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace locus::cuda::detail {
+
+constexpr int kStreamGemmMaxParts = 8;
+constexpr int kStreamGemmMaxDomains = 8;
+constexpr int kStreamGemmMaxM = 32;
+constexpr uint8_t kNoDomain = 0xFF;
+
+enum class StreamWeight : uint8_t { kBF16, kNVFP4 };
+
+// One weight, or one domain's shard of it, and the outputs it produces. A part may be a batch of
+// weights (BMM: one per head), each with its own activations and output rows.
+struct StreamGemmPart {
+  const void* w = nullptr;              // BF16: row-major rows of `ldw` elements; NVFP4: the tiles
+  const uint16_t* scales = nullptr;     // NVFP4: per-lane scale codes (nvfp4_layout.h)
+  const float* global_scale = nullptr;  // NVFP4: device pointer (rewritten by in-place reloads)
+  int64_t ldw = 0;                      // BF16: row stride in elements
+  int64_t up_offset = 0;                // SwiGLU: BF16 row / NVFP4 row-tile where the up rows start
+  const void* bias = nullptr;           // bias of this part's columns (bf16 or fp32), or nullptr
+  const uint16_t* x = nullptr;          // its activations (nullptr: StreamGemmArgs::x)
+  int64_t y_offset = 0;                 // element offset of its output column 0 in y (row 0, batch 0)
+  int32_t rows = 0;                     // output columns of this part (gate rows with SwiGLU)
+  int32_t batch = 1;                    // BF16 only: weights at w + b * w_batch_stride, b < batch,
+  int64_t w_batch_stride = 0;           //   activations at x + b * x_batch_stride,
+  int64_t x_batch_stride = 0;           //   outputs at y + y_offset + b * y_batch_stride (elements)
+  int64_t y_batch_stride = 0;
+  int32_t domain = 0;                   // the domain whose SMs own it
+  // Filled by launch_stream_gemm:
+  int32_t tiles = 0;                    // ceil(rows / 16) per batch entry
+  int32_t unit_begin = 0;               // its first unit in its domain's queue
+  int32_t tile_base = 0;                // its first tile counter
+  int64_t partial_base = 0;             // its first partial-tile slot
+};
+
+struct StreamGemmArgs {
+  StreamWeight format = StreamWeight::kBF16;
+  bool swiglu = false;
+  bool bias_f32 = false;
+  bool y_f32 = false;
+  const uint16_t* x = nullptr;  // bf16 [m, k], rows 16-byte aligned (parts may override it)
+  int64_t x_ld = 0;
+  int32_t m = 0;
+  int64_t k = 0;
+  void* y = nullptr;            // bf16 or fp32 rows of y_ld elements
+  int64_t y_ld = 0;
+  int32_t num_parts = 0;
+  StreamGemmPart parts[kStreamGemmMaxParts];
+  // SM id -> domain (kNoDomain for SMs outside every domain), 1024 entries in device memory;
+  // nullptr: every SM belongs to domain 0.
+  const uint8_t* sm_domain = nullptr;
+  int32_t num_domains = 1;
+};
+
+// True when the streaming kernel takes this problem: 1 <= m <= kStreamGemmMaxM, x rows
+// 16-byte aligned; BF16 weights also need K % 8 == 0 and 16-byte aligned rows.
+bool stream_gemm_eligible(const StreamGemmArgs& a);
+// Launches on `stream` (capturable: per-stream scratch is allocated on first use, in relaxed
+// capture mode, and reused). Throws on invalid arguments.
+void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream);
+
+// Tuning knobs for benchmarks (0 = the built-in heuristic).
+struct StreamGemmTuning {
+  int units_per_warp = 0;  // target units per resident warp when choosing S
+};
+void set_stream_gemm_tuning(const StreamGemmTuning& t);
+
+}  // namespace locus::cuda::detail

@@ -1,0 +1,255 @@
+// Tensor-level entry points of the weight-streaming GEMM (stream_gemm.h): the unpartitioned
+// skinny path and the single-launch locality-domain path of the partitioned ops.
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_layout.h"
+#include "backends/cuda/persistent_alloc.h"
+#include "backends/cuda/stream_gemm.h"
+#include "backends/cuda/stream_registry.h"
+
+namespace locus::cuda {
+namespace {
+
+using detail::StreamGemmArgs;
+using detail::StreamGemmPart;
+using detail::StreamWeight;
+using detail::persistent_device_alloc;
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// Largest M the BF16 streaming kernel takes instead of cuBLASLt (LOCUS_STREAM_GEMM_BF16_MAX_M).
+int bf16_max_m() {
+  static const int m = env_int("LOCUS_STREAM_GEMM_BF16_MAX_M", 16);
+  return m;
+}
+
+void set_device(int index) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+// The %smid -> domain table of a set of partition streams (domain i = streams[i]), built once per
+// set from the SM ids the green-context probe recorded; nullptr when no stream is a partition
+// stream (then every SM counts as domain 0 and the other domains' work is taken by stealing).
+const uint8_t* sm_domain_table(const std::vector<void*>& streams) {
+  static std::mutex mu;
+  static auto* tables = new std::map<std::vector<uint64_t>, const uint8_t*>();
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  // Keyed by device and registration serials, not stream handles (handles are reused).
+  std::vector<uint64_t> key{static_cast<uint64_t>(dev)};
+  for (void* s : streams) key.push_back(detail::partition_stream_serial(s));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = tables->find(key);
+  if (it != tables->end()) return it->second;
+  std::vector<uint8_t> host(1024, detail::kNoDomain);
+  bool any = false;
+  for (size_t d = 0; d < streams.size(); ++d) {
+    for (int sm : detail::partition_stream_smids(streams[d])) {
+      if (sm >= 0 && sm < 1024) {
+        host[sm] = static_cast<uint8_t>(d);
+        any = true;
+      }
+    }
+  }
+  const uint8_t* table =
+      any ? static_cast<const uint8_t*>(persistent_device_alloc(host.size(), host.data(), "uploading the SM-to-domain table"))
+          : nullptr;
+  (*tables)[key] = table;
+  return table;
+}
+
+// Fills x, y and the flags shared by every call.
+StreamGemmArgs base_args(StreamWeight format, const Tensor& x, const Tensor& y, bool swiglu, const Tensor& bias) {
+  StreamGemmArgs a;
+  a.format = format;
+  a.swiglu = swiglu;
+  a.x = x.data<uint16_t>();
+  a.x_ld = x.stride(0);
+  a.m = static_cast<int32_t>(x.size(0));
+  a.k = x.size(1);
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.y_f32 = y.dtype() == DType::kFP32;
+  a.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
+  return a;
+}
+
+const void* bias_at(const Tensor& bias, int64_t n0) {
+  if (!bias.defined()) return nullptr;
+  return static_cast<const char*>(bias.data_ptr()) + n0 * dtype_size(bias.dtype());
+}
+
+StreamGemmPart bf16_part(const Tensor& w, bool swiglu, const Tensor& bias, int64_t n0, int domain) {
+  StreamGemmPart p;
+  p.w = w.data_ptr();
+  p.ldw = w.stride(0);
+  p.rows = static_cast<int32_t>(swiglu ? w.size(0) / 2 : w.size(0));
+  p.up_offset = swiglu ? p.rows : 0;
+  p.bias = bias_at(bias, n0);
+  p.y_offset = n0;
+  p.domain = domain;
+  return p;
+}
+
+// NVFP4 fused gate/up needs the up rows to start on a 16-row tile (else the caller unfuses).
+bool nvfp4_part(const ops::Nvfp4Weight& w, bool swiglu, const Tensor& bias, int64_t n0, int domain, StreamGemmPart* p) {
+  const int64_t rows = swiglu ? w.n / 2 : w.n;
+  if (swiglu && (w.n % 2 != 0 || rows % detail::kNvfp4TileRows != 0)) return false;
+  p->w = w.packed.data_ptr();
+  p->scales = w.scales.data<uint16_t>();
+  p->global_scale =
+      reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - detail::kNvfp4GlobalScaleBytes);
+  p->rows = static_cast<int32_t>(rows);
+  p->up_offset = swiglu ? rows / detail::kNvfp4TileRows : 0;
+  p->bias = bias_at(bias, n0);
+  p->y_offset = n0;
+  p->domain = domain;
+  return true;
+}
+
+// Launches `a` over blocks of kStreamGemmMaxM rows of x (one launch when M <= 32).
+void launch_row_blocks(StreamGemmArgs a, cudaStream_t stream) {
+  const int32_t m = a.m;
+  for (int32_t m0 = 0; m0 < m; m0 += detail::kStreamGemmMaxM) {
+    StreamGemmArgs b = a;
+    b.m = std::min<int32_t>(detail::kStreamGemmMaxM, m - m0);
+    b.x = a.x + m0 * a.x_ld;
+    b.y = static_cast<char*>(a.y) + m0 * a.y_ld * (a.y_f32 ? 4 : 2);
+    detail::launch_stream_gemm(b, stream);
+  }
+}
+
+// Domain ids for slices: the i-th distinct stream is domain i.
+bool assign_domains(const std::vector<DomainSlice>& slices, std::vector<int>* domain_of, std::vector<void*>* streams) {
+  for (const DomainSlice& s : slices) {
+    int d = -1;
+    for (size_t i = 0; i < streams->size(); ++i)
+      if ((*streams)[i] == s.stream) d = static_cast<int>(i);
+    if (d < 0) {
+      d = static_cast<int>(streams->size());
+      streams->push_back(s.stream);
+    }
+    domain_of->push_back(d);
+  }
+  return static_cast<int>(slices.size()) <= detail::kStreamGemmMaxParts &&
+         static_cast<int>(streams->size()) <= detail::kStreamGemmMaxDomains;
+}
+
+// A BMM whose weights are per-head [N, K] rows (b a transposed view, stride(1) == 1): heads [h0, h1)
+// of it as one batched part.
+bool bmm_part(const Tensor& a, const Tensor& b, const Tensor& y, int64_t h0, int domain, StreamGemmPart* p) {
+  if (b.dim() != 3 || b.stride(1) != 1 || b.size(1) != a.size(2)) return false;
+  p->w = b.data_ptr();
+  p->ldw = b.stride(2);
+  p->rows = static_cast<int32_t>(b.size(2));
+  p->batch = static_cast<int32_t>(b.size(0));
+  p->w_batch_stride = b.stride(0);
+  p->x = a.data<uint16_t>() + h0 * a.stride(0);
+  p->x_batch_stride = a.stride(0);
+  p->y_offset = h0 * y.stride(0);
+  p->y_batch_stride = y.stride(0);
+  p->domain = domain;
+  return true;
+}
+
+StreamGemmArgs bmm_args(const Tensor& a, const Tensor& y) {
+  StreamGemmArgs args;
+  args.format = StreamWeight::kBF16;
+  args.x = a.data<uint16_t>();
+  args.m = static_cast<int32_t>(a.size(1));
+  args.x_ld = args.m == 1 ? 0 : a.stride(1);  // one row: its stride is never used
+  args.k = a.size(2);
+  args.y = y.data_ptr();
+  args.y_ld = args.m == 1 ? 0 : y.stride(1);
+  args.y_f32 = y.dtype() == DType::kFP32;
+  return args;
+}
+
+}  // namespace
+
+int stream_gemm_bf16_max_m() { return bf16_max_m(); }
+
+bool stream_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, bool swiglu, void* stream) {
+  StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
+  a.num_parts = 1;
+  a.parts[0] = bf16_part(w, swiglu, bias, 0, 0);
+  if (!detail::stream_gemm_eligible(a)) return false;
+  set_device(x.device().index);
+  detail::launch_stream_gemm(a, static_cast<cudaStream_t>(stream));
+  return true;
+}
+
+bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y, bool swiglu,
+                  const std::vector<DomainSlice>& slices, void* caller) {
+  std::vector<int> domain_of;
+  std::vector<void*> streams;
+  if (!assign_domains(slices, &domain_of, &streams)) return false;
+  StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
+  a.num_parts = static_cast<int32_t>(slices.size());
+  for (size_t p = 0; p < slices.size(); ++p) a.parts[p] = bf16_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p]);
+  if (!detail::stream_gemm_eligible(a)) return false;
+  set_device(x.device().index);
+  a.num_domains = static_cast<int32_t>(streams.size());
+  a.sm_domain = sm_domain_table(streams);
+  detail::launch_stream_gemm(a, static_cast<cudaStream_t>(caller));
+  return true;
+}
+
+bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
+  StreamGemmArgs args = bmm_args(a, y);
+  args.num_parts = 1;
+  if (!bmm_part(a, b, y, 0, 0, &args.parts[0]) || !detail::stream_gemm_eligible(args)) return false;
+  set_device(a.device().index);
+  detail::launch_stream_gemm(args, static_cast<cudaStream_t>(stream));
+  return true;
+}
+
+bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                 const std::vector<DomainSlice>& slices, void* caller) {
+  std::vector<int> domain_of;
+  std::vector<void*> streams;
+  if (!assign_domains(slices, &domain_of, &streams)) return false;
+  StreamGemmArgs args = bmm_args(a, y);
+  args.num_parts = static_cast<int32_t>(slices.size());
+  for (size_t p = 0; p < slices.size(); ++p)
+    if (!bmm_part(a, b_shards[p], y, slices[p].n0, domain_of[p], &args.parts[p])) return false;
+  if (!detail::stream_gemm_eligible(args)) return false;
+  set_device(a.device().index);
+  args.num_domains = static_cast<int32_t>(streams.size());
+  args.sm_domain = sm_domain_table(streams);
+  detail::launch_stream_gemm(args, static_cast<cudaStream_t>(caller));
+  return true;
+}
+
+bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                        const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller) {
+  if (x.size(0) > kNvfp4StreamMaxM) return false;
+  std::vector<int> domain_of;
+  std::vector<void*> streams;
+  if (!assign_domains(slices, &domain_of, &streams)) return false;
+  StreamGemmArgs a = base_args(StreamWeight::kNVFP4, x, y, swiglu, bias);
+  a.num_parts = static_cast<int32_t>(slices.size());
+  for (size_t p = 0; p < slices.size(); ++p)
+    if (!nvfp4_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p], &a.parts[p])) return false;
+  StreamGemmArgs probe = a;
+  probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
+  if (!detail::stream_gemm_eligible(probe)) return false;
+  set_device(x.device().index);
+  a.num_domains = static_cast<int32_t>(streams.size());
+  a.sm_domain = sm_domain_table(streams);
+  launch_row_blocks(a, static_cast<cudaStream_t>(caller));
+  return true;
+}
+
+}  // namespace locus::cuda

@@ -1,0 +1,273 @@
+// The weight-streaming skinny GEMM (backends/cuda/stream_gemm.h) and its single-launch
+// locality-domain form: BF16 and NVFP4, plain and fused SwiGLU, bias, column slices, every M
+// block size, determinism, domain-aware launches over green-context partitions, work stealing
+// from domains without SMs, graph capture and in-place reload. References in fp64.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "backends/cuda/stream_gemm.h"
+#include "cuda_test_util.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+
+struct Bf16Case {
+  int64_t m, n, k;
+  DType out;
+  int bias;  // 0 none, 1 bf16, 2 fp32
+};
+
+class CudaStreamGemmBf16 : public ::testing::TestWithParam<Bf16Case> {};
+
+TEST_P(CudaStreamGemmBf16, MatchesFp64) {
+  LOCUS_REQUIRE_GPU();
+  const Bf16Case c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << c.m << " N " << c.n << " K " << c.k);
+  Tensor x = randn({c.m, c.k}, DType::kBF16, seed);
+  Tensor w = randn({c.n, c.k}, DType::kBF16, seed + 1, 0.05);
+  Tensor bias;
+  if (c.bias) bias = randn({c.n}, c.bias == 1 ? DType::kBF16 : DType::kFP32, seed + 2);
+  // y is a column slice of a wider poisoned tensor: the columns around it must stay NaN.
+  Tensor wide = poisoned_gpu({c.m, c.n + 24}, c.out);
+  Tensor y = wide.slice(1, 8, 8 + c.n);
+  ASSERT_TRUE(cuda::stream_gemm(to_gpu(x), to_gpu(w), bias.defined() ? to_gpu(bias) : Tensor(), y, false, nullptr));
+  Tensor out = fetch(wide);
+  const double tol = c.out == DType::kBF16 ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k);
+  EXPECT_LT(rel_error(out.slice(1, 8, 8 + c.n), ref_gemm(x, w, bias)), tol);
+  EXPECT_TRUE(std::isnan(get(out, 0)) && std::isnan(get(out, c.n + 23))) << "columns outside y were written";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaStreamGemmBf16,
+                         ::testing::Values(Bf16Case{1, 16, 8, DType::kBF16, 0}, Bf16Case{1, 40, 72, DType::kFP32, 1},
+                                           Bf16Case{3, 576, 1536, DType::kBF16, 2},
+                                           Bf16Case{8, 100, 7168, DType::kBF16, 0},
+                                           Bf16Case{9, 256, 2048, DType::kFP32, 2},
+                                           Bf16Case{16, 1000, 512, DType::kBF16, 1},
+                                           Bf16Case{17, 48, 264, DType::kBF16, 0},
+                                           Bf16Case{32, 520, 1024, DType::kFP32, 0}));
+
+TEST(CudaStreamGemm, Bf16SwigluAnyIntermediateSize) {
+  LOCUS_REQUIRE_GPU();
+  for (auto [m, inter, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 256}, {7, 40, 512}, {16, 200, 1024}, {29, 24, 96}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " I " << inter << " K " << k);
+    Tensor x = randn({m, k}, DType::kBF16, seed);
+    Tensor w = randn({2 * inter, k}, DType::kBF16, seed + 1, 0.05);
+    Tensor y = poisoned_gpu({m, inter}, DType::kBF16);
+    ASSERT_TRUE(cuda::stream_gemm(to_gpu(x), to_gpu(w), Tensor(), y, true, nullptr));
+    EXPECT_LT(rel_error(fetch(y), ref_swiglu(ref_gemm(x, w), m, inter)), bf16_gemm_tolerance(k));
+  }
+}
+
+TEST(CudaStreamGemm, OutsideItsRangeItLaunchesNothing) {
+  LOCUS_REQUIRE_GPU();
+  Tensor w = Tensor::zeros({32, 64}, DType::kBF16, Device::cuda(0));
+  Tensor y = poisoned_gpu({40, 32}, DType::kBF16);
+  EXPECT_FALSE(cuda::stream_gemm(Tensor::zeros({40, 64}, DType::kBF16, Device::cuda(0)), w, {}, y, false, nullptr));
+  Tensor w12 = Tensor::zeros({32, 12}, DType::kBF16, Device::cuda(0));  // K % 8 != 0
+  EXPECT_FALSE(cuda::stream_gemm(Tensor::zeros({2, 12}, DType::kBF16, Device::cuda(0)), w12, {}, y.slice(0, 0, 2), false,
+                                 nullptr));
+  EXPECT_TRUE(std::isnan(get(fetch(y), 0)));
+}
+
+TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  // Large enough that K is split over several units per tile (partials + ordered reduction).
+  const int64_t M = 5, N = 1024, K = 7168;
+  Tensor xg = to_gpu(randn({M, K}, DType::kBF16, seed));
+  Tensor wg = to_gpu(randn({N, K}, DType::kBF16, seed + 1, 0.05));
+  ops::Nvfp4Weight fp4 = cuda::nvfp4_prepare(random_nvfp4(N, K, seed + 2), 0, -1);
+  Tensor a = poisoned_gpu({M, N}, DType::kFP32), b = poisoned_gpu({M, N}, DType::kFP32);
+  ASSERT_TRUE(cuda::stream_gemm(xg, wg, {}, a, false, nullptr));
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(cuda::stream_gemm(xg, wg, {}, b, false, nullptr));
+  EXPECT_TRUE(bitwise_equal(fetch(a), fetch(b)));
+  cuda::nvfp4_gemm(xg, fp4, {}, a, nullptr);
+  for (int i = 0; i < 5; ++i) cuda::nvfp4_gemm(xg, fp4, {}, b, nullptr);
+  EXPECT_TRUE(bitwise_equal(fetch(a), fetch(b)));
+}
+
+// Domain-aware launches over two green-context partitions.
+class CudaStreamDomains : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LOCUS_REQUIRE_GPU();
+    parts_ = cuda::create_sm_partitions(0, 2, cuda::SplitMode::kBackfill);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&caller_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (caller_) cudaStreamDestroy(caller_);
+    cuda::destroy_sm_partitions(parts_);
+  }
+  // Rows [0, n0) on domain 0, [n0, n) on domain 1.
+  std::vector<cuda::DomainSlice> slices(int64_t n0, int64_t n) const {
+    return {{0, n0, parts_[0].stream}, {n0, n, parts_[1].stream}};
+  }
+  std::vector<cuda::SmPartition> parts_;
+  cudaStream_t caller_ = nullptr;
+};
+
+TEST_F(CudaStreamDomains, Bf16ShardsInOneLaunchMatchTheWholeWeight) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (auto [M, N, K, n0] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 7168, 2048, 3584}, {8, 600, 1536, 296},
+                             {16, 1024, 7168, 512}, {32, 96, 200, 40}}) {
+    SCOPED_TRACE(::testing::Message() << "M " << M << " N " << N << " K " << K);
+    Tensor x = randn({M, K}, DType::kBF16, seed + M);
+    Tensor w = randn({N, K}, DType::kBF16, seed + M + 1, 0.05);
+    Tensor bias = randn({N}, DType::kFP32, seed + M + 2);
+    Tensor s0 = w.slice(0, 0, n0).to(Device::cuda(0), 0), s1 = w.slice(0, n0, N).to(Device::cuda(0), 1);
+    Tensor y = poisoned_gpu({M, N}, DType::kBF16);
+    ASSERT_TRUE(cuda::gemm_domains(to_gpu(x), {s0, s1}, to_gpu(bias), y, false, slices(n0, N), caller_));
+    EXPECT_LT(rel_error(fetch(y), ref_gemm(x, w, bias)), bf16_gemm_tolerance(K));
+  }
+}
+
+TEST_F(CudaStreamDomains, Bf16SwigluShardsKeepGateAndUpTogether) {
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 4, I = 96, K = 512, i0 = 40;  // partition 0: intermediate columns [0, 40)
+  Tensor x = randn({M, K}, DType::kBF16, seed);
+  Tensor gate = randn({I, K}, DType::kBF16, seed + 1, 0.05), up = randn({I, K}, DType::kBF16, seed + 2, 0.05);
+  auto shard = [&](int64_t a, int64_t b, int domain) {
+    Tensor s = Tensor::empty({2 * (b - a), K}, DType::kBF16);
+    s.slice(0, 0, b - a).copy_(gate.slice(0, a, b));
+    s.slice(0, b - a, 2 * (b - a)).copy_(up.slice(0, a, b));
+    return s.to(Device::cuda(0), domain);
+  };
+  Tensor y = poisoned_gpu({M, I}, DType::kBF16);
+  ASSERT_TRUE(cuda::gemm_domains(to_gpu(x), {shard(0, i0, 0), shard(i0, I, 1)}, Tensor(), y, true, slices(i0, I), caller_));
+  Tensor full = Tensor::empty({2 * I, K}, DType::kBF16);
+  full.slice(0, 0, I).copy_(gate);
+  full.slice(0, I, 2 * I).copy_(up);
+  EXPECT_LT(rel_error(fetch(y), ref_swiglu(ref_gemm(x, full), M, I)), bf16_gemm_tolerance(K));
+}
+
+TEST_F(CudaStreamDomains, Nvfp4ShardsInOneLaunchCaptureAndReload) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t M = 3, N = 512, K = 2048, n0 = 256;
+  ops::Nvfp4Weight w = random_nvfp4(N, K, seed);
+  auto prepare = [&](const ops::Nvfp4Weight& full, ops::Nvfp4Weight* d0, ops::Nvfp4Weight* d1) {
+    *d0 = cuda::nvfp4_prepare(ops::nvfp4_rows(full, 0, n0), 0, 0);
+    *d1 = cuda::nvfp4_prepare(ops::nvfp4_rows(full, n0, N), 0, 1);
+  };
+  ops::Nvfp4Weight d0, d1;
+  prepare(w, &d0, &d1);
+  Tensor x = randn({M, K}, DType::kBF16, seed + 1);
+  Tensor xg = to_gpu(x);
+  Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+  auto run = [&] { ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {d0, d1}, {}, y, false, slices(n0, N), caller_)); };
+  run();  // eager: scratch and the SM table are created outside the capture
+  ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K));
+  cuda::Graph graph;
+  graph.begin_capture(caller_);
+  run();
+  graph.end_capture();
+  for (int rep = 0; rep < 3; ++rep) {  // counters reset themselves between replays
+    y.fill_nan_();
+    graph.replay(caller_);
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K)) << "replay " << rep;
+  }
+  // In-place reload of both shards (global scales included): the graph sees the new weights.
+  ops::Nvfp4Weight w2 = random_nvfp4(N, K, seed + 9);
+  w2.global_scale = w.global_scale * 3.f;
+  cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, 0, n0), d0);
+  cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, n0, N), d1);
+  y.fill_nan_();
+  graph.replay(caller_);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
+}
+
+TEST_F(CudaStreamDomains, Nvfp4SwigluShardsInOneLaunch) {
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 12, I = 256, K = 1024, i0 = 128;
+  ops::Nvfp4Weight s0 = random_nvfp4(2 * i0, K, seed), s1 = random_nvfp4(2 * (I - i0), K, seed + 1);
+  s1.global_scale = s0.global_scale;
+  Tensor x = randn({M, K}, DType::kBF16, seed + 2);
+  Tensor y = poisoned_gpu({M, I}, DType::kBF16);
+  ASSERT_TRUE(cuda::nvfp4_gemm_domains(to_gpu(x), {cuda::nvfp4_prepare(s0, 0, 0), cuda::nvfp4_prepare(s1, 0, 1)}, {}, y,
+                                       true, slices(i0, I), caller_));
+  const auto r0 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s0), 2 * i0), M, i0);
+  const auto r1 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s1), 2 * (I - i0)), M, I - i0);
+  std::vector<double> ref(static_cast<size_t>(M * I));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
+  EXPECT_LT(rel_error(fetch(y), ref), bf16_gemm_tolerance(K));
+}
+
+// fp64 reference of y[h] = a[h] w[h]^T for per-head weights w [H, N, K].
+std::vector<double> ref_bmm_nk(const Tensor& a, const Tensor& w) {
+  const int64_t H = a.size(0), M = a.size(1), K = a.size(2), N = w.size(1);
+  std::vector<double> out(static_cast<size_t>(H * M * N));
+  for (int64_t h = 0; h < H; ++h) {
+    const auto r = ref_gemm(a.select(0, h).clone(), w.select(0, h).clone());
+    std::copy(r.begin(), r.end(), out.begin() + h * M * N);
+  }
+  return out;
+}
+
+// The MLA absorbed products: activations and outputs are [T, H, D] buffers viewed as [H, T, D].
+TEST_F(CudaStreamDomains, BatchedOverHeadsWithStridedViews) {
+  const uint64_t seed = fresh_seed();
+  for (auto [H, T, K, N, h0] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{16, 1, 128, 512, 8},
+                                {128, 4, 512, 128, 64}, {6, 13, 64, 40, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " H " << H << " T " << T << " K " << K << " N " << N);
+    Tensor act = randn({T, H, K + 64}, DType::kBF16, seed + H);  // [T, H, K | 64 more] as MLA's q
+    Tensor a = act.slice(2, 0, K).transpose(0, 1);                  // [H, T, K] view
+    Tensor w = randn({H, N, K}, DType::kBF16, seed + H + 1, 0.05);  // per-head [N, K]
+    const std::vector<double> ref = ref_bmm_nk(a.clone(), w);
+    Tensor ag = to_gpu(act).slice(2, 0, K).transpose(0, 1);
+    // Unpartitioned: ops contract b = [H, K, N] as a transposed view of w.
+    Tensor out = poisoned_gpu({T, H, N}, DType::kBF16);
+    cuda::bmm(ag, to_gpu(w).transpose(1, 2), out.transpose(0, 1), caller_);
+    EXPECT_LT(rel_error(fetch(out).transpose(0, 1).clone(), ref), bf16_gemm_tolerance(K));
+    // Partitioned over heads: one launch.
+    Tensor w0 = w.slice(0, 0, h0).to(Device::cuda(0), 0), w1 = w.slice(0, h0, H).to(Device::cuda(0), 1);
+    Tensor out2 = poisoned_gpu({T, H, N}, DType::kFP32);
+    ASSERT_TRUE(cuda::bmm_domains(ag, {w0.transpose(1, 2), w1.transpose(1, 2)}, out2.transpose(0, 1),
+                                  {{0, h0, parts_[0].stream}, {h0, H, parts_[1].stream}}, caller_));
+    EXPECT_LT(rel_error(fetch(out2).transpose(0, 1).clone(), ref), fp32_out_gemm_tolerance(K));
+  }
+}
+
+// Correctness never depends on where CTAs land: with every SM mapped to domain 0, domain 1's work
+// is done entirely by stealing; with no table at all, likewise.
+TEST(CudaStreamGemm, DomainWithoutSmsIsStolen) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  const int64_t M = 8, N = 320, K = 1024, n0 = 160;
+  Tensor x = randn({M, K}, DType::kBF16, seed);
+  Tensor w = randn({N, K}, DType::kBF16, seed + 1, 0.05);
+  Tensor xg = to_gpu(x), s0 = to_gpu(w.slice(0, 0, n0).clone()), s1 = to_gpu(w.slice(0, n0, N).clone());
+  Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
+  for (bool with_table : {true, false}) {
+    Tensor y = poisoned_gpu({M, N}, DType::kBF16);
+    cuda::detail::StreamGemmArgs a;
+    a.format = cuda::detail::StreamWeight::kBF16;
+    a.x = xg.data<uint16_t>();
+    a.x_ld = K;
+    a.m = M;
+    a.k = K;
+    a.y = y.data_ptr();
+    a.y_ld = N;
+    a.num_parts = 2;
+    a.num_domains = 2;
+    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    for (int p = 0; p < 2; ++p) {
+      a.parts[p].w = (p ? s1 : s0).data_ptr();
+      a.parts[p].ldw = K;
+      a.parts[p].rows = static_cast<int32_t>(p ? N - n0 : n0);
+      a.parts[p].y_offset = p ? n0 : 0;
+      a.parts[p].domain = p;
+    }
+    cuda::detail::launch_stream_gemm(a, nullptr);
+    EXPECT_LT(rel_error(fetch(y), ref_gemm(x, w)), bf16_gemm_tolerance(K)) << "with_table " << with_table;
+  }
+}
+
+}  // namespace
+}  // namespace locus
