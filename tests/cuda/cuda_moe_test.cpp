@@ -3,7 +3,9 @@
 // the selection scores excluded explicitly), moe_group (bit-identical, bad device ids skipped and
 // marked), moe_gather (bit-identical, bad device rows zero-filled), moe_combine (vs fp64), and the
 // module with BF16 and NVFP4 experts, shared experts, locality domains off and on (2 emulated
-// green-context domains). Outputs are poisoned first.
+// green-context domains), also on a non-blocking stream. The four ops capture into a CUDA graph;
+// the host read of the offsets refuses a capturing stream. Outputs are poisoned first.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -329,6 +331,69 @@ TEST(CudaMoeOps, CombineMatchesFp64AndCpu) {
   }
 }
 
+// Routing, grouping, gather and combine on a caller's stream inside a CUDA graph: capture must
+// succeed (the ops only enqueue kernels) and each replay must reproduce the eager results bit for
+// bit (no atomics, fixed orders). Reading the offsets back is refused while capturing.
+TEST(CudaMoeOps, RoutingOpsCaptureIntoAGraphAndReplayTheEagerResults) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const Device dev = Device::cuda(0);
+  const int64_t T = 24, E = 256, K = 8, H = 512, R = T * K;
+  const MoeRoutingConfig c = routing_config(E, K, 8, 4, 2.5f);
+  const Tensor logits = randn({T, E}, DType::kFP32, seed, 2.0).to(dev), bias = randn({E}, DType::kFP32, seed + 1, 0.3).to(dev);
+  const Tensor x = randn({T, H}, DType::kBF16, seed + 2).to(dev), shared = randn({T, H}, DType::kBF16, seed + 3).to(dev);
+  struct Outputs {
+    Tensor w, ids, offsets, rows, slot, xg, y;
+    explicit Outputs(Device d)
+        : w(Tensor::empty({T, K}, DType::kFP32, d)), ids(Tensor::empty({T, K}, DType::kI32, d)),
+          offsets(Tensor::empty({E + 1}, DType::kI32, d)), rows(Tensor::empty({R}, DType::kI32, d)),
+          slot(Tensor::empty({T, K}, DType::kI32, d)), xg(Tensor::empty({R, H}, DType::kBF16, d)),
+          y(Tensor::empty({T, H}, DType::kBF16, d)) {}
+    std::vector<Tensor> all() const { return {w, ids, offsets, rows, slot, xg, y}; }
+    void poison() const {
+      for (Tensor t : all()) t.fill_nan_();
+    }
+  };
+  // The gathered rows stand in for the expert outputs: y = shared + sum_j w_j x[t] (in bf16).
+  auto run_ops = [&](const Outputs& o, const Stream& s) {
+    ops::moe_route(logits, bias, c, o.w, o.ids, s);
+    ops::moe_group(o.ids, E, o.offsets, o.rows, o.slot, s);
+    ops::moe_gather(x, o.rows, o.xg, s);
+    ops::moe_combine(o.xg, o.slot, o.w, shared, o.y, s);
+  };
+  cudaStream_t raw = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  const Stream stream{dev, raw};
+  const Outputs eager(dev);
+  eager.poison();
+  run_ops(eager, stream);
+  cuda::device_synchronize(0);
+  {
+    const Outputs graphed(dev);
+    cuda::Graph graph;
+    graph.begin_capture(raw);
+    run_ops(graphed, stream);
+    EXPECT_THROW(ops::moe_offsets_to_host(graphed.offsets, stream), Error);  // enqueues nothing
+    graph.end_capture();
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE(replay);
+      graphed.poison();
+      graph.replay(raw);
+      const std::vector<Tensor> got = graphed.all(), want = eager.all();
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(bitwise_equal(fetch(got[i]), fetch(want[i]))) << i;
+    }
+    // Outside a capture the read-back works and gives the grouping's offsets.
+    const std::vector<int64_t> off = ops::moe_offsets_to_host(graphed.offsets, stream);
+    ASSERT_EQ(off.size(), static_cast<size_t>(E + 1));
+    EXPECT_EQ(off[0], 0);
+    EXPECT_EQ(off[E], R);
+    const Tensor want_off = fetch(eager.offsets);
+    for (int64_t e = 0; e <= E; ++e) EXPECT_EQ(off[e], want_off.data<int32_t>()[e]) << e;
+  }
+  cudaStreamDestroy(raw);
+}
+
 // ---------------------------------------------------------------------------------------------
 // the module
 
@@ -372,7 +437,7 @@ void CudaMoe::compare(const MoeConfig& c, const modules::WeightMap& pieces, cons
   const Device dev = Device::cuda(0);
   MoE cpu(ctx(false, Device::cpu()), c), off(ctx(false, dev), c), on(ctx(true, dev), c);
   for (MoE* m : {&cpu, &off, &on}) {
-    for (const auto& [k, v] : pieces) m->load(k, v);  // the bias is fp32 (a bf16 one would need ops::cast on CUDA)
+    for (const auto& [k, v] : pieces) m->load(k, v);
     m->localize();
   }
   ASSERT_FALSE(off.experts_plan().enabled);
@@ -417,12 +482,18 @@ void CudaMoe::compare(const MoeConfig& c, const modules::WeightMap& pieces, cons
       for (int64_t j = 0; j < K && compared[t]; ++j)
         EXPECT_EQ(ids_back.data<int32_t>()[t * K + j], ids.data<int32_t>()[t * K + j]) << "token " << t;
     const Tensor y_cpu = run(cpu, x);
-    std::vector<Tensor> outs = {run(off, xd), run(on, xd)};
+    // Also on a non-blocking stream: the offsets read-back must wait for that stream's work.
+    cudaStream_t raw = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+    Tensor y_stream = poisoned_gpu({T, H}, DType::kBF16);
+    off.forward(xd, y_stream, Stream{dev, raw});
+    std::vector<Tensor> outs = {run(off, xd), run(on, xd), fetch(y_stream)};
+    cudaStreamDestroy(raw);
     // Each routed and shared term is two chained bf16 products (h rounded to bf16 between them,
     // y rounded once), as in the GatedMLP test; the routing weights differ by ~1e-6 relative.
     const double tol = bf16_gemm_tolerance(H) + bf16_gemm_tolerance(c.intermediate_size);
     for (size_t o = 0; o < outs.size(); ++o) {
-      SCOPED_TRACE(o == 0 ? "locality off" : "locality on (2 domains)");
+      SCOPED_TRACE(o == 0 ? "locality off" : o == 1 ? "locality on (2 domains)" : "locality off, non-blocking stream");
       std::vector<double> got, ref;
       for (int64_t t = 0; t < T; ++t) {
         if (!compared[t]) continue;

@@ -1,9 +1,10 @@
-// The CUDA backend's MoE routing ops, called by the dispatchers in src/ops/moe_routing.cpp when
-// the tensors live on a CUDA device. Same contracts as ops/moe_routing.h; operands are validated
-// there (shapes, dtypes, devices), so call these through ops::. `stream` is a cudaStream_t
-// (nullptr = the legacy default stream). Values that live on the device (ids, rows, slots) are
-// never read on the host: the kernels clamp or skip bad ones as the ops header documents.
-// Only compiled when LOCUS_WITH_CUDA is defined; no CUDA header is included here.
+// The CUDA backend's MoE routing ops (kernels in moe_*.cu), called by the dispatchers in
+// src/ops/moe_routing.cpp when the tensors live on a CUDA device. Same contracts as
+// ops/moe_routing.h; operands arrive validated there (shapes, dtypes, devices, aliasing), so call
+// these through ops::. `stream` is a cudaStream_t (nullptr = the legacy default stream). The four
+// ops only enqueue kernels (no allocation, copy or synchronization: capturable). Values that live
+// on the device (ids, rows, slots) are never read on the host: the kernels skip or zero-fill bad
+// ones as the ops header documents. No CUDA header is included here.
 #pragma once
 #include <cstdint>
 

@@ -2,15 +2,33 @@
 // out of range is never dereferenced (gather: the output row is zero-filled; combine: the term
 // is skipped, like slot -1).
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
-#include "backends/cuda/cuda_check.h"
-#include "backends/cuda/moe_kernels.h"
+#include "backends/cuda/cuda_moe_ops.h"
+#include "backends/cuda/small_ops_launch.cuh"
 
-namespace locus::cuda::detail {
+namespace locus::cuda {
 namespace {
 
+using namespace detail;
+
 constexpr int kThreads = 256;
+
+struct MoeGatherArgs {
+  const void* x; int64_t x_ld; int64_t x_rows;  // [x_rows, cols]
+  const int32_t* rows; int64_t rows_stride;     // [n]
+  void* y; int64_t y_ld;                        // [n, cols]
+  int64_t n, cols;
+  int elem_bytes;
+};
+
+struct MoeCombineArgs {
+  const void* expert_out; int64_t eo_ld; int64_t eo_rows; bool eo_f32;
+  const int32_t* slot; int64_t slot_s0, slot_s1;
+  const float* weights; int64_t w_s0, w_s1;
+  const void* shared; int64_t shared_ld; bool shared_f32;  // shared == nullptr: none
+  void* y; int64_t y_ld; bool y_f32;
+  int64_t tokens, hidden; int top_k;
+};
 
 // One block per output row (striding over rows); V is the widest unit that divides the row
 // bytes, both row strides and both base addresses.
@@ -30,8 +48,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(MoeGatherArgs a, int64
 template <typename V>
 void launch_gather_as(const MoeGatherArgs& a, cudaStream_t stream) {
   const int64_t vecs = a.cols * a.elem_bytes / static_cast<int64_t>(sizeof(V));
-  const int blocks = static_cast<int>(a.n < 65536 ? a.n : 65536);
-  gather_kernel<V><<<blocks, kThreads, 0, stream>>>(a, vecs);
+  gather_kernel<V><<<grid_blocks(a.n, 65536), kThreads, 0, stream>>>(a, vecs);
   LOCUS_CUDA_CHECK_LAUNCH("moe_gather kernel launch");
 }
 
@@ -66,22 +83,56 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
 
 }  // namespace
 
-void launch_moe_gather(const MoeGatherArgs& a, cudaStream_t stream) {
-  if (a.n == 0 || a.cols == 0) return;
-  if (fits(a, 16)) return launch_gather_as<uint4>(a, stream);
-  if (fits(a, 4)) return launch_gather_as<uint32_t>(a, stream);
-  if (fits(a, 2)) return launch_gather_as<uint16_t>(a, stream);
-  launch_gather_as<uint8_t>(a, stream);
+void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, void* stream) {
+  if (!start_op("moe_gather", x, y.numel())) return;
+  MoeGatherArgs a{};
+  a.x = x.data_ptr();
+  a.x_ld = x.stride(0);
+  a.x_rows = x.size(0);
+  a.rows = rows.data<int32_t>();
+  a.rows_stride = rows.stride(0);
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.n = y.size(0);
+  a.cols = y.size(1);
+  a.elem_bytes = static_cast<int>(dtype_size(x.dtype()));
+  const cudaStream_t s = as_stream(stream);
+  if (fits(a, 16)) return launch_gather_as<uint4>(a, s);
+  if (fits(a, 4)) return launch_gather_as<uint32_t>(a, s);
+  if (fits(a, 2)) return launch_gather_as<uint16_t>(a, s);
+  launch_gather_as<uint8_t>(a, s);
 }
 
-void launch_moe_combine(const MoeCombineArgs& a, cudaStream_t stream) {
-  if (a.tokens == 0 || a.hidden == 0) return;
-  const int64_t col_blocks = (a.hidden + kThreads - 1) / kThreads;
-  LOCUS_CHECK(col_blocks <= 65535, "moe_combine: hidden size ", a.hidden, " exceeds the kernel's ", 65535 * kThreads,
+void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
+                 const Tensor& y, void* stream) {
+  const char* op = "moe_combine";
+  if (!start_op(op, y, y.numel())) return;
+  const int64_t col_blocks = (y.size(1) + kThreads - 1) / kThreads;
+  LOCUS_CHECK(col_blocks <= 65535, op, ": hidden size ", y.size(1), " exceeds the kernel's ", 65535 * kThreads,
               " columns");
-  const dim3 grid(static_cast<unsigned>(a.tokens < 65536 ? a.tokens : 65536), static_cast<unsigned>(col_blocks));
-  combine_kernel<<<grid, kThreads, 0, stream>>>(a);
+  MoeCombineArgs a{};
+  a.expert_out = expert_out.data_ptr();
+  a.eo_ld = expert_out.stride(0);
+  a.eo_rows = expert_out.size(0);
+  a.eo_f32 = expert_out.dtype() == DType::kFP32;
+  a.slot = slot.data<int32_t>();
+  a.slot_s0 = slot.stride(0);
+  a.slot_s1 = slot.stride(1);
+  a.weights = weights.data<float>();
+  a.w_s0 = weights.stride(0);
+  a.w_s1 = weights.stride(1);
+  a.shared = shared.defined() ? shared.data_ptr() : nullptr;
+  a.shared_ld = shared.defined() ? shared.stride(0) : 0;
+  a.shared_f32 = shared.defined() && shared.dtype() == DType::kFP32;
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.y_f32 = y.dtype() == DType::kFP32;
+  a.tokens = y.size(0);
+  a.hidden = y.size(1);
+  a.top_k = static_cast<int>(slot.size(1));
+  const dim3 grid(static_cast<unsigned>(grid_blocks(a.tokens, 65536)), static_cast<unsigned>(col_blocks));
+  combine_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(a);
   LOCUS_CUDA_CHECK_LAUNCH("moe_combine kernel launch");
 }
 
-}  // namespace locus::cuda::detail
+}  // namespace locus::cuda

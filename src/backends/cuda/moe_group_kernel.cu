@@ -7,13 +7,22 @@
 //     last block fills the rows past offsets[E] (left over by such pairs) with -1.
 // Every block scans all T * k ids: E x (T * k) reads, cheap at decode sizes; a tiled histogram
 // would scale better for long prefills.
-#include <cuda_runtime.h>
+#include "backends/cuda/cuda_moe_ops.h"
+#include "backends/cuda/small_ops_launch.cuh"
 
-#include "backends/cuda/cuda_check.h"
-#include "backends/cuda/moe_kernels.h"
-
-namespace locus::cuda::detail {
+namespace locus::cuda {
 namespace {
+
+using namespace detail;
+
+struct MoeGroupArgs {
+  const int32_t* ids; int64_t ids_ld;  // [tokens, top_k]
+  int64_t tokens; int top_k;
+  int experts;
+  int32_t* offsets;                    // [experts + 1], contiguous
+  int32_t* rows;                       // [tokens * top_k], contiguous
+  int32_t* slot; int64_t slot_ld;      // [tokens, top_k]
+};
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -23,8 +32,9 @@ __device__ __forceinline__ int32_t id_at(const MoeGroupArgs& a, int64_t i) {
   return a.ids[(i / a.top_k) * a.ids_ld + i % a.top_k];
 }
 
-// Sum over the block; the result is valid in every thread. `tmp` holds kWarps ints.
-__device__ int block_sum(int v, int* tmp) {
+// Integer sum over the block (exact; small_ops_launch.cuh's block_sum is fp32); every thread gets
+// it. `tmp` holds kWarps ints.
+__device__ int block_sum_int(int v, int* tmp) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
   if (threadIdx.x % 32 == 0) tmp[threadIdx.x / 32] = v;
   __syncthreads();
@@ -40,7 +50,7 @@ __global__ void __launch_bounds__(kThreads) count_kernel(MoeGroupArgs a) {
   const int64_t R = a.tokens * a.top_k;
   int n = 0;
   for (int64_t i = threadIdx.x; i < R; i += kThreads) n += id_at(a, i) == e;
-  n = block_sum(n, tmp);
+  n = block_sum_int(n, tmp);
   if (threadIdx.x == 0) a.offsets[e + 1] = n;
 }
 
@@ -108,14 +118,44 @@ __global__ void __launch_bounds__(kThreads) place_kernel(MoeGroupArgs a) {
 
 }  // namespace
 
-void launch_moe_group(const MoeGroupArgs& a, cudaStream_t stream) {
-  // Grids of E blocks (every expert writes its offset, also when no token is routed).
-  count_kernel<<<a.experts, kThreads, 0, stream>>>(a);
+void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,
+               void* stream) {
+  if (!start_op("moe_group", ids, num_experts + 1)) return;  // offsets are written even without tokens
+  MoeGroupArgs a{};
+  a.ids = ids.data<int32_t>();
+  a.ids_ld = ids.stride(0);
+  a.tokens = ids.size(0);
+  a.top_k = static_cast<int>(ids.size(1));
+  a.experts = static_cast<int>(num_experts);
+  a.offsets = offsets.data<int32_t>();
+  a.rows = rows.data<int32_t>();
+  a.slot = slot.data<int32_t>();
+  a.slot_ld = slot.stride(0);
+  const cudaStream_t s = as_stream(stream);
+  // Grids of E blocks: every expert writes its offset, also when no token is routed to it.
+  count_kernel<<<a.experts, kThreads, 0, s>>>(a);
   LOCUS_CUDA_CHECK_LAUNCH("moe_group count kernel launch");
-  scan_kernel<<<1, kThreads, 0, stream>>>(a);
+  scan_kernel<<<1, kThreads, 0, s>>>(a);
   LOCUS_CUDA_CHECK_LAUNCH("moe_group scan kernel launch");
-  place_kernel<<<a.experts, kThreads, 0, stream>>>(a);
+  place_kernel<<<a.experts, kThreads, 0, s>>>(a);
   LOCUS_CUDA_CHECK_LAUNCH("moe_group place kernel launch");
 }
 
-}  // namespace locus::cuda::detail
+void copy_to_host_ordered(const Tensor& src, const Tensor& dst, void* stream) {
+  LOCUS_CHECK(src.device().is_cuda() && dst.device().is_cpu() && src.is_contiguous() && dst.is_contiguous() &&
+                  src.nbytes() == dst.nbytes(),
+              "copy_to_host_ordered: needs a contiguous CUDA source and a contiguous CPU destination of the same size, "
+              "got ", src.describe(), " and ", dst.describe());
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream), &capturing));
+  LOCUS_CHECK(capturing == cudaStreamCaptureStatusNone,
+              "reading ", src.describe(), " back to the host needs a synchronization, which a CUDA graph capture "
+              "cannot contain (MoE on CUDA reads its expert offsets on the host: not capturable yet)");
+  if (src.nbytes() == 0) return;
+  use_device(src.device().index);
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToHost,
+                                   as_stream(stream)));
+  LOCUS_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+}
+
+}  // namespace locus::cuda

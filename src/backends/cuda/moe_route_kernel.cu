@@ -4,19 +4,36 @@
 // changes a rounding; sequential sums where the CPU sums sequentially. Top-k uses the CPU's strict
 // total order (a number before NaN, larger first, lower index on ties), which makes the chosen set
 // and its order unique, so any selection algorithm under that order gives the CPU's answer.
-#include <cuda_runtime.h>
-
 #include <climits>
 #include <cmath>
 
-#include "backends/cuda/cuda_check.h"
-#include "backends/cuda/moe_kernels.h"
+#include "backends/cuda/cuda_moe_ops.h"
+#include "backends/cuda/small_ops_launch.cuh"
 
-namespace locus::cuda::detail {
+namespace locus::cuda {
 namespace {
 
+using namespace detail;
+
+// Largest sizes the kernel handles: one warp per token keeps its scores (2 * E floats) in shared
+// memory, one group score and one chosen expert per lane.
+constexpr int kMaxExperts = 512;
+constexpr int kMaxTopK = 32;
+constexpr int kMaxGroups = 32;
 constexpr int kWarps = 4;  // tokens per block
 constexpr unsigned kFull = 0xffffffffu;
+
+struct MoeRouteArgs {
+  const float* logits; int64_t logits_ld;
+  const float* bias; int64_t bias_stride;  // bias == nullptr: no correction bias
+  float* weights; int64_t weights_ld;
+  int32_t* ids; int64_t ids_ld;
+  int64_t tokens;
+  int experts, top_k, n_group, topk_group;
+  bool softmax;  // false: sigmoid scoring
+  bool norm_topk_prob;
+  float routed_scaling_factor;
+};
 
 // a ranks before b in the CPU's top_indices order.
 __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
@@ -151,13 +168,34 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteArgs a) 
 
 }  // namespace
 
-void launch_moe_route(const MoeRouteArgs& a, cudaStream_t stream) {
-  if (a.tokens == 0) return;
-  int64_t blocks = (a.tokens + kWarps - 1) / kWarps;
-  if (blocks > 65536) blocks = 65536;  // the kernel strides over the remaining tokens
+void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::MoeRoutingConfig& cfg,
+               const Tensor& weights, const Tensor& ids, void* stream) {
+  const char* op = "moe_route";
+  LOCUS_CHECK(cfg.num_experts <= kMaxExperts && cfg.top_k <= kMaxTopK && cfg.n_group <= kMaxGroups, op,
+              " on CUDA supports num_experts <= ", kMaxExperts, ", top_k <= ", kMaxTopK, " and n_group <= ", kMaxGroups,
+              "; got num_experts=", cfg.num_experts, ", top_k=", cfg.top_k, ", n_group=", cfg.n_group);
+  if (!start_op(op, logits, logits.size(0))) return;
+  MoeRouteArgs a{};
+  a.logits = logits.data<float>();
+  a.logits_ld = logits.stride(0);
+  a.bias = correction_bias.defined() ? correction_bias.data<float>() : nullptr;
+  a.bias_stride = correction_bias.defined() ? correction_bias.stride(0) : 0;
+  a.weights = weights.data<float>();
+  a.weights_ld = weights.stride(0);
+  a.ids = ids.data<int32_t>();
+  a.ids_ld = ids.stride(0);
+  a.tokens = logits.size(0);
+  a.experts = static_cast<int>(cfg.num_experts);
+  a.top_k = static_cast<int>(cfg.top_k);
+  a.n_group = static_cast<int>(cfg.n_group);
+  a.topk_group = static_cast<int>(cfg.topk_group);
+  a.softmax = cfg.scoring == ops::MoeScoring::kSoftmax;
+  a.norm_topk_prob = cfg.norm_topk_prob;
+  a.routed_scaling_factor = cfg.routed_scaling_factor;
   const size_t smem = static_cast<size_t>(kWarps) * 2 * a.experts * sizeof(float);
-  moe_route_kernel<<<static_cast<int>(blocks), kWarps * 32, smem, stream>>>(a);
+  // The kernel strides over the tokens beyond the grid.
+  moe_route_kernel<<<grid_blocks((a.tokens + kWarps - 1) / kWarps), kWarps * 32, smem, as_stream(stream)>>>(a);
   LOCUS_CUDA_CHECK_LAUNCH("moe_route kernel launch");
 }
 
-}  // namespace locus::cuda::detail
+}  // namespace locus::cuda
