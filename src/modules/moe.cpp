@@ -325,7 +325,7 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   Tensor ids = Tensor::empty({T, K}, DType::kI32, dev);
   route(x, w, ids, stream);
 
-  // Group the (token, choice) pairs by expert on the device: rows[r] = token of gathered row r,
+  // Group the (token, choice) pairs by expert on x's device: rows[r] = token of gathered row r,
   // slot[t, j] = the row holding token t's j-th choice, expert e's rows [offsets[e], offsets[e+1]).
   const int64_t R = T * K;
   Tensor offsets = Tensor::empty({E + 1}, DType::kI32, dev);

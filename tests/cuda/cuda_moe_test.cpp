@@ -450,10 +450,10 @@ void CudaMoe::compare(const MoeConfig& c, const modules::WeightMap& pieces, cons
     const Tensor x = randn({T, H}, DType::kBF16, seed + T), xd = x.to(dev);
     Tensor logits = Tensor::empty({T, E}, DType::kFP32);
     cpu.gate().forward(x, logits);
-    // Near-ties: the GPU router gate (cuBLAS) and the CPU's sum the same bf16 products in fp32
-    // in different orders: |d logit| <= K * u * sum_k |x_k g_k| (u = 2^-23, tensor-core adders
-    // truncate), so a sigmoid score moves by at most a quarter of that and a gap between two
-    // group scores (two experts each) by at most the bound itself.
+    // Near-ties: the GPU router gate and the CPU's sum the same bf16 products in fp32 in
+    // different orders, each within H * u * sum_k |x_k g_k| of the exact logit (u = 2^-23 covers
+    // truncating tensor-core adders), so they differ by at most twice that, d. A sigmoid score
+    // moves by at most d / 4, a gap between two group scores (two experts each) by at most d.
     const std::vector<double> xv = to_doubles(x);
     std::vector<bool> compared(T, true);
     int64_t excluded = 0;
@@ -464,7 +464,7 @@ void CudaMoe::compare(const MoeConfig& c, const modules::WeightMap& pieces, cons
         for (int64_t k = 0; k < H; ++k) s += std::abs(xv[t * H + k] * gate[e * H + k]);
         abs_dot = std::max(abs_dot, s);
       }
-      const double bound = static_cast<double>(H) * 0x1p-23 * abs_dot;
+      const double bound = 2.0 * static_cast<double>(H) * 0x1p-23 * abs_dot;
       std::vector<double> row(logits.data<float>() + t * E, logits.data<float>() + (t + 1) * E);
       if (route_margin(row, bias, on.routing_config()) < bound) {
         compared[t] = false;
