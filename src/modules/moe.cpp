@@ -320,40 +320,42 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
               "': y must be [", x.dim() == 2 ? x.size(0) : -1, ", ", cfg_.hidden_size, "], got ", y.describe());
   const int64_t T = x.size(0), K = cfg_.top_k, E = cfg_.num_experts, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   if (T == 0) return;
-  Tensor w = Tensor::empty({T, K}, DType::kFP32, x.device());
-  Tensor ids = Tensor::empty({T, K}, DType::kI32, x.device());
+  const Device dev = x.device();
+  Tensor w = Tensor::empty({T, K}, DType::kFP32, dev);
+  Tensor ids = Tensor::empty({T, K}, DType::kI32, dev);
   route(x, w, ids, stream);
 
-  // Group the (token, slot) pairs by expert: rows[r] = token of gathered row r, slot[t, j] = its row.
-  // The grouping is planned on the host (one small copy of the ids on a GPU).
-  Tensor ids_h = ids.device().is_cpu() ? ids : ids.to(Device::cpu());
-  const int32_t* id = ids_h.data<int32_t>();
-  std::vector<int64_t> offset(E + 1, 0);
-  for (int64_t i = 0; i < T * K; ++i) ++offset[id[i] + 1];
-  for (int64_t e = 0; e < E; ++e) offset[e + 1] += offset[e];
-  Tensor rows_h = Tensor::empty({T * K}, DType::kI32), slot_h = Tensor::empty({T, K}, DType::kI32);
-  {
-    std::vector<int64_t> next(offset.begin(), offset.end() - 1);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < K; ++j) {
-        const int64_t r = next[id[t * K + j]]++;
-        rows_h.data<int32_t>()[r] = static_cast<int32_t>(t);
-        slot_h.data<int32_t>()[t * K + j] = static_cast<int32_t>(r);
-      }
-  }
-  Tensor rows = x.device().is_cpu() ? rows_h : rows_h.to(x.device());
-  Tensor slot = x.device().is_cpu() ? slot_h : slot_h.to(x.device());
-
+  // Group the (token, choice) pairs by expert on x's device: rows[r] = token of gathered row r,
+  // slot[t, j] = the row holding token t's j-th choice, expert e's rows [offsets[e], offsets[e+1]).
   const int64_t R = T * K;
-  Tensor xg = Tensor::empty({R, H}, DType::kBF16, x.device());
-  ops::moe_gather(x, rows, xg, stream);
-  Tensor hg = Tensor::empty({R, I}, DType::kBF16, x.device());
-  Tensor og = Tensor::empty({R, H}, DType::kFP32, x.device());
-  std::vector<int64_t> active;
-  for (int64_t e = 0; e < E; ++e)
-    if (offset[e + 1] > offset[e]) active.push_back(e);
-  auto rows_of = [&](const Tensor& t, int64_t e) { return t.slice(0, offset[e], offset[e + 1]); };
+  Tensor offsets = Tensor::empty({E + 1}, DType::kI32, dev);
+  Tensor rows = Tensor::empty({R}, DType::kI32, dev), slot = Tensor::empty({T, K}, DType::kI32, dev);
+  ops::moe_group(ids, E, offsets, rows, slot, stream);
+  const std::vector<int64_t> offsets_host = ops::moe_offsets_to_host(offsets, stream);
+  // On CUDA an id outside [0, E) (a routing bug) is skipped by moe_group and shows here.
+  LOCUS_CHECK(offsets_host[E] == R, "MoE '", name(), "': ", R - offsets_host[E], " of ", R,
+              " routed (token, expert) pairs had an expert id outside [0, ", E, ")");
 
+  Tensor xg = Tensor::empty({R, H}, DType::kBF16, dev);
+  ops::moe_gather(x, rows, xg, stream);
+  Tensor hg = Tensor::empty({R, I}, DType::kBF16, dev);
+  Tensor og = Tensor::empty({R, H}, DType::kFP32, dev);
+  run_experts(xg, offsets_host, hg, og, stream);
+
+  Tensor shared;
+  if (shared_) {
+    shared = Tensor::empty({T, H}, DType::kBF16, dev);
+    shared_->forward(x, shared, stream);
+  }
+  ops::moe_combine(og, slot, w, shared, y, stream);
+}
+
+void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,
+                      const Stream& stream) const {
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < cfg_.num_experts; ++e)
+    if (offsets[e + 1] > offsets[e]) active.push_back(e);
+  auto rows_of = [&](const Tensor& t, int64_t e) { return t.slice(0, offsets[e], offsets[e + 1]); };
   if (experts_partitioned()) {
     // One fork/join per stage; inside, partition p runs its slice of every active expert.
     const int P = experts_plan_.layout.num_partitions();
@@ -368,13 +370,6 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
     for (int64_t e : active) gate_up_[e]->forward(rows_of(xg, e), rows_of(hg, e), stream);
     for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
   }
-
-  Tensor shared;
-  if (shared_) {
-    shared = Tensor::empty({T, H}, DType::kBF16, x.device());
-    shared_->forward(x, shared, stream);
-  }
-  ops::moe_combine(og, slot, w, shared, y, stream);
 }
 
 }  // namespace locus::modules

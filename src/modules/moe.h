@@ -67,10 +67,17 @@ class MoE : public Module {
   MemoryUsage memory() const override;
   void collect_plans(std::vector<PlanRecord>* out) const override;
 
-  // x bf16 [T, hidden] -> y bf16 or fp32 [T, hidden]. The tokens are grouped per expert on the
-  // host (on a GPU: one small copy of the routing ids, so this path is not graph-capturable yet;
-  // a device-side grouped GEMM would remove it). Expert outputs are kept in fp32 and combined with
-  // the routing weights in fp32, rounded once into y.
+  // x bf16 [T, hidden] -> y bf16 or fp32 [T, hidden]: route, group the (token, choice) pairs per
+  // expert (ops::moe_group, on x's device), gather, run_experts, shared experts, combine. Expert
+  // outputs are kept in fp32 and combined with the routing weights in fp32, rounded once into y.
+  // CUDA graph capture: routing, grouping, gather, the expert GEMMs themselves and the combine are
+  // stream-ordered kernels, but forward() as a whole is NOT capturable yet:
+  //  - run_experts needs each expert's row count on the host, so forward() copies the E + 1
+  //    offsets back once (a stream synchronization; under capture that copy throws an Error);
+  //  - its workspaces (routing, grouped rows, expert activations) are allocated per call with
+  //    Tensor::empty (cudaMalloc), as in the other modules.
+  // A device-side grouped GEMM that reads `offsets` on the GPU, plus workspaces allocated once,
+  // would make it capturable; run_experts is the one place to replace.
   void forward(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
   // Router only: weights fp32 [T, top_k], ids i32 [T, top_k].
   void route(const Tensor& x, const Tensor& weights, const Tensor& ids, const Stream& stream = {}) const;
@@ -95,6 +102,12 @@ class MoE : public Module {
   void check_expert(int64_t e) const;
   void check_bias(const Tensor& t) const;
   bool experts_partitioned() const;
+  // The expert GEMM stage: rows [offsets[e], offsets[e + 1]) of xg (bf16 [R, hidden], grouped by
+  // expert) go through expert e's gate/up + SwiGLU into hg (bf16 [R, I]) and its down projection
+  // into og (fp32 [R, hidden]); with a localized plan, one fork/join per stage across the domains.
+  // offsets are host values (E + 1 of them).
+  void run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,
+                   const Stream& stream) const;
 
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;

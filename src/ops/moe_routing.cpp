@@ -1,15 +1,22 @@
 // ops/moe_routing.h entry points: validation and backend dispatch.
 #include "ops/moe_routing.h"
 
+#include <limits>
+
 #include "backends/cpu/moe_routing.h"
 #include "core/tensor_checks.h"
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_moe_ops.h"
+#endif
 
 namespace locus::ops {
 namespace {
 
-[[noreturn]] void no_kernel(const char* op, const Tensor& t) {
-  LOCUS_THROW(op, ": no kernel for device ", t.device().name(), " in this build (CPU only so far)");
+#if !defined(LOCUS_WITH_CUDA)
+[[noreturn]] void no_cuda_backend(const char* op, const Tensor& t) {
+  LOCUS_THROW(op, ": tensors are on ", t.device().name(), " but this build has no CUDA backend");
 }
+#endif
 
 void row_major(const char* op, const char* name, const Tensor& t) {
   LOCUS_CHECK(t.dim() == 2 && t.stride(1) == 1, op, ": ", name, " must be a row-major 2-D tensor, got ",
@@ -54,8 +61,78 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRou
   checks::same_device(op, "weights", weights, "logits", logits);
   checks::same_device(op, "ids", ids, "logits", logits);
   if (T == 0) return;
-  if (!logits.device().is_cpu()) no_kernel(op, logits);
-  cpu::moe_route(logits, correction_bias, cfg, weights, ids, cpu::ThreadPool::from_native(stream.native));
+  if (logits.device().is_cpu()) {
+    return cpu::moe_route(logits, correction_bias, cfg, weights, ids, cpu::ThreadPool::from_native(stream.native));
+  }
+#if defined(LOCUS_WITH_CUDA)
+  cuda::moe_route(logits, correction_bias, cfg, weights, ids, stream.native);
+#else
+  no_cuda_backend(op, logits);
+#endif
+}
+
+void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,
+               const Stream& stream) {
+  const char* op = "moe_group";
+  const int64_t E = num_experts;
+  LOCUS_CHECK(E >= 1, op, ": num_experts must be positive, got ", E);
+  checks::rank(op, "ids", ids, 2);
+  checks::dtype(op, "ids", ids, {DType::kI32});
+  row_major(op, "ids", ids);
+  const int64_t T = ids.size(0), K = ids.size(1), R = T * K;
+  LOCUS_CHECK(R <= std::numeric_limits<int32_t>::max() && E < std::numeric_limits<int32_t>::max(), op,
+              ": T * k = ", R, " pairs and num_experts = ", E, " must fit in int32 rows and offsets");
+  checks::rank(op, "offsets", offsets, 1);
+  checks::dtype(op, "offsets", offsets, {DType::kI32});
+  checks::size(op, "offsets", offsets, 0, E + 1, "elements (num_experts + 1)");
+  checks::unit_last_stride(op, "offsets", offsets);
+  checks::rank(op, "rows", rows, 1);
+  checks::dtype(op, "rows", rows, {DType::kI32});
+  checks::size(op, "rows", rows, 0, R, "elements (T * k)");
+  checks::unit_last_stride(op, "rows", rows);
+  checks::rank(op, "slot", slot, 2);
+  checks::dtype(op, "slot", slot, {DType::kI32});
+  row_major(op, "slot", slot);
+  checks::size(op, "slot", slot, 0, T, "rows");
+  checks::size(op, "slot", slot, 1, K, "columns (top_k)");
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"offsets", &offsets}, {"rows", &rows}, {"slot", &slot}}) {
+    checks::same_device(op, name, *t, "ids", ids);
+    checks::no_overlap(op, name, *t, "ids", ids);
+  }
+  checks::no_overlap(op, "rows", rows, "offsets", offsets);
+  checks::no_overlap(op, "slot", slot, "offsets", offsets);
+  checks::no_overlap(op, "slot", slot, "rows", rows);
+  if (ids.device().is_cpu()) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = ids.data<int32_t>()[t * ids.stride(0) + j];
+        LOCUS_CHECK(e >= 0 && e < E, op, ": ids[", t, ", ", j, "]=", e, " is out of range for num_experts=", E);
+      }
+    return cpu::moe_group(ids, E, offsets, rows, slot);
+  }
+#if defined(LOCUS_WITH_CUDA)
+  cuda::moe_group(ids, E, offsets, rows, slot, stream.native);
+#else
+  no_cuda_backend(op, ids);
+#endif
+}
+
+std::vector<int64_t> moe_offsets_to_host(const Tensor& offsets, const Stream& stream) {
+  const char* op = "moe_offsets_to_host";
+  checks::rank(op, "offsets", offsets, 1);
+  checks::dtype(op, "offsets", offsets, {DType::kI32});
+  Tensor host = offsets;
+  if (!offsets.device().is_cpu()) {
+#if defined(LOCUS_WITH_CUDA)
+    host = Tensor::empty(offsets.shape(), DType::kI32);
+    cuda::copy_to_host_ordered(offsets, host, stream.native);
+#else
+    no_cuda_backend(op, offsets);
+#endif
+  }
+  std::vector<int64_t> out(static_cast<size_t>(host.size(0)));
+  for (int64_t e = 0; e < host.size(0); ++e) out[e] = host.data<int32_t>()[e * host.stride(0)];
+  return out;
 }
 
 void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, const Stream& stream) {
@@ -73,12 +150,18 @@ void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, const Stre
   checks::same_device(op, "y", y, "x", x);
   checks::no_overlap(op, "y", y, "x", x);
   if (rows.size(0) == 0) return;
-  if (!x.device().is_cpu()) no_kernel(op, x);
-  for (int64_t i = 0; i < rows.size(0); ++i) {
-    const int32_t r = rows.data<int32_t>()[i * rows.stride(0)];
-    LOCUS_CHECK(r >= 0 && r < x.size(0), op, ": rows[", i, "]=", r, " is out of range for x with ", x.size(0), " rows");
+  if (x.device().is_cpu()) {
+    for (int64_t i = 0; i < rows.size(0); ++i) {
+      const int32_t r = rows.data<int32_t>()[i * rows.stride(0)];
+      LOCUS_CHECK(r >= 0 && r < x.size(0), op, ": rows[", i, "]=", r, " is out of range for x with ", x.size(0), " rows");
+    }
+    return cpu::moe_gather(x, rows, y, cpu::ThreadPool::from_native(stream.native));
   }
-  cpu::moe_gather(x, rows, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::moe_gather(x, rows, y, stream.native);  // rows are device values: out-of-range rows give zero rows
+#else
+  no_cuda_backend(op, x);
+#endif
 }
 
 void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
@@ -110,15 +193,21 @@ void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& wei
   for (const Tensor* t : {&expert_out, &slot, &weights}) checks::same_device(op, "an input", *t, "y", y);
   checks::no_overlap(op, "y", y, "expert_out", expert_out);
   if (T == 0) return;
-  if (!y.device().is_cpu()) no_kernel(op, y);
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t j = 0; j < slot.size(1); ++j) {
-      const int32_t r = slot.data<int32_t>()[t * slot.stride(0) + j * slot.stride(1)];
-      LOCUS_CHECK(r >= -1 && r < expert_out.size(0), op, ": slot[", t, ", ", j, "]=", r,
-                  " is out of range for expert_out with ", expert_out.size(0), " rows");
+  if (y.device().is_cpu()) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t j = 0; j < slot.size(1); ++j) {
+        const int32_t r = slot.data<int32_t>()[t * slot.stride(0) + j * slot.stride(1)];
+        LOCUS_CHECK(r >= -1 && r < expert_out.size(0), op, ": slot[", t, ", ", j, "]=", r,
+                    " is out of range for expert_out with ", expert_out.size(0), " rows");
+      }
     }
+    return cpu::moe_combine(expert_out, slot, weights, shared, y, cpu::ThreadPool::from_native(stream.native));
   }
-  cpu::moe_combine(expert_out, slot, weights, shared, y, cpu::ThreadPool::from_native(stream.native));
+#if defined(LOCUS_WITH_CUDA)
+  cuda::moe_combine(expert_out, slot, weights, shared, y, stream.native);  // device slots out of range are skipped
+#else
+  no_cuda_backend(op, y);
+#endif
 }
 
 }  // namespace locus::ops

@@ -1,6 +1,8 @@
 // MoE routing (DeepSeek V3 noaux_tc and V2-style softmax) and the token permutation helpers
 // the grouped expert GEMMs need.
 #pragma once
+#include <vector>
+
 #include "core/stream.h"
 #include "core/tensor.h"
 
@@ -33,11 +35,35 @@ struct MoeRoutingConfig {
 //     routed_scaling_factor.
 // logits fp32 [T, E]; correction_bias fp32 [E] or undefined; weights fp32 [T, k]; ids i32 [T, k]
 // (experts in descending order of s').
+// CUDA: E <= 512, top_k <= 32, n_group <= 32; the same fp32 operations in the same order as the
+// CPU (accurate expf, IEEE division). The device expf may differ from the host's by an ulp, so the
+// two backends choose the same experts except at near-ties of the selection scores.
 void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRoutingConfig& cfg,
                const Tensor& weights, const Tensor& ids, const Stream& stream = {});
 
+// Groups the (token, choice) pairs by expert, for the grouped expert GEMMs. ids i32 [T, k]
+// (row-major); outputs, all i32 and on ids' device: offsets [E + 1], rows [T * k], slot [T, k].
+// - offsets[0] = 0 and offsets[e + 1] - offsets[e] = the number of pairs routed to expert e, so
+//   the rows of expert e are [offsets[e], offsets[e + 1]);
+// - within an expert the pairs are ordered by token t, then by j: rows[r] = t of the pair placed
+//   at row r, and slot[t, j] = r (the row of moe_gather's output / the expert output that holds
+//   token t's j-th choice, as moe_combine reads it).
+// Bad ids: on the CPU an id outside [0, E) is an Error naming it. On CUDA the ids are not read
+// on the host (that would need a synchronization); a pair with such an id is skipped: it is not
+// counted in offsets, its slot is -1 (moe_combine skips it) and the rows past offsets[E] are -1,
+// so offsets[E] < T * k is the visible mark. Deterministic on both backends.
+void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,
+               const Stream& stream = {});
+
+// moe_group's offsets [E + 1] (i32, any device) on the host. On CUDA the copy is queued on
+// `stream` after the work already there and waited for: a host synchronization, so it cannot be
+// part of a CUDA graph (a capturing stream is an Error that says so).
+std::vector<int64_t> moe_offsets_to_host(const Tensor& offsets, const Stream& stream = {});
+
 // y[i, :] = x[rows[i], :] for i in [0, R): gathers the tokens routed to each expert into
-// contiguous rows. x bf16 [T, H]; rows i32 [R] (each in [0, T), else an Error naming it); y bf16 [R, H].
+// contiguous rows. x [T, H] (any dtype, bf16 in the MoE); rows i32 [R]; y [R, H] of x's dtype.
+// Rows out of [0, T): on the CPU an Error naming the row; on CUDA (rows not read on the host)
+// y[i, :] is zero-filled, never an out-of-bounds read.
 void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, const Stream& stream = {});
 
 // Weighted combine of the expert outputs back to token order:
@@ -45,6 +71,8 @@ void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, const Stre
 // computed in fp32 with j ascending, rounded once into y. expert_out bf16/fp32 [R, H];
 // slot i32 [T, k] (row of expert_out holding token t's j-th expert; -1 = skipped);
 // weights fp32 [T, k]; shared undefined or bf16/fp32 [T, H]; y bf16/fp32 [T, H].
+// A slot outside [-1, R): on the CPU an Error naming it; on CUDA (not read on the host) that
+// term is skipped like -1.
 void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
                  const Tensor& y, const Stream& stream = {});
 

@@ -1,14 +1,17 @@
 // DeepSeek routing (ops::moe_route) against hand-computed examples, where group masking and the
 // -inf fill decide the result, and against an fp64 implementation on random logits; plus the
-// gather / combine helpers.
+// grouping (moe_group) and the gather / combine helpers.
 #include "ops/moe_routing.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
+#include <random>
+#include <tuple>
 
 #include "module_test_util.h"
+#include "moe_test_util.h"
 
 namespace locus::testing {
 namespace {
@@ -35,18 +38,6 @@ Routed route(const Tensor& logits, const Tensor& bias, const MoeRoutingConfig& c
   return r;
 }
 
-MoeRoutingConfig v3_like(int64_t E, int64_t k, int64_t groups, int64_t keep, float scale) {
-  MoeRoutingConfig c;
-  c.num_experts = E;
-  c.top_k = k;
-  c.n_group = groups;
-  c.topk_group = keep;
-  c.norm_topk_prob = true;
-  c.routed_scaling_factor = scale;
-  c.scoring = MoeScoring::kSigmoid;
-  return c;
-}
-
 // 8 experts in 4 groups of 2, keep 2 groups, top-2. Token 0: expert 0 has the best score but its
 // group (0.9 + 0.1) loses to groups 1 (0.6 + 0.58) and 2 (0.55 + 0.55), so the answer is {2, 3}
 // (without group limiting it would be {0, 2}). The bias only selects; the weights use the
@@ -60,7 +51,7 @@ TEST(MoeRoutingTest, HandComputedGroupLimitedExample) {
   for (double p : p1) l1.push_back(logit(p));
   Tensor logits = fp32_rows({l0, l1});
   Tensor b = fp32_rows({bias}).view({8});
-  const Routed r = route(logits, b, v3_like(8, 2, 4, 2, 2.5f));
+  const Routed r = route(logits, b, routing_config(8, 2, 4, 2, 2.5f));
   const int32_t* id = r.ids.data<int32_t>();
   const float* w = r.w.data<float>();
   EXPECT_EQ(id[0], 2);
@@ -72,7 +63,7 @@ TEST(MoeRoutingTest, HandComputedGroupLimitedExample) {
   EXPECT_NEAR(w[2], 0.9 / 1.7 * 2.5, 1e-5);
   EXPECT_NEAR(w[3], 0.8 / 1.7 * 2.5, 1e-5);
   // Without groups (n_group 1) token 0 picks the global top-2 by biased score: 0 (0.9) and 2 (0.6).
-  const Routed flat = route(logits, b, v3_like(8, 2, 1, 1, 2.5f));
+  const Routed flat = route(logits, b, routing_config(8, 2, 1, 1, 2.5f));
   EXPECT_EQ(flat.ids.data<int32_t>()[0], 0);
   EXPECT_EQ(flat.ids.data<int32_t>()[1], 2);
 
@@ -80,7 +71,7 @@ TEST(MoeRoutingTest, HandComputedGroupLimitedExample) {
   // -inf (a 0.0 fill, as in HF, would pick masked experts): the choice is unchanged.
   Tensor neg = Tensor::empty({8}, DType::kFP32);
   for (int e = 0; e < 8; ++e) neg.data<float>()[e] = static_cast<float>(bias[e] - 2.0);
-  const Routed rn = route(logits, neg, v3_like(8, 2, 4, 2, 2.5f));
+  const Routed rn = route(logits, neg, routing_config(8, 2, 4, 2, 2.5f));
   EXPECT_EQ(rn.ids.data<int32_t>()[0], 2);
   EXPECT_EQ(rn.ids.data<int32_t>()[1], 3);
   EXPECT_NEAR(rn.w.data<float>()[0], w[0], 1e-6);
@@ -139,7 +130,7 @@ TEST(MoeRoutingTest, MatchesFp64OnRandomLogits) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   const int64_t T = 32, E = 16;
-  const MoeRoutingConfig c = v3_like(E, 4, 4, 2, 2.5f);
+  const MoeRoutingConfig c = routing_config(E, 4, 4, 2, 2.5f);
   Tensor logits = randn({T, E}, DType::kFP32, seed, 2.0);
   Tensor bias = randn({E}, DType::kFP32, seed + 1, 0.3);
   const Routed r = route(logits, bias, c);
@@ -162,10 +153,10 @@ TEST(MoeRoutingTest, MatchesFp64OnRandomLogits) {
 TEST(MoeRoutingTest, BadArgumentsAreErrors) {
   Tensor logits = Tensor::zeros({2, 8}, DType::kFP32);
   Tensor w = Tensor::empty({2, 2}, DType::kFP32), ids = Tensor::empty({2, 2}, DType::kI32);
-  EXPECT_THROW(ops::moe_route(logits, Tensor(), v3_like(8, 2, 3, 1, 1.f), w, ids), Error);  // 3 does not divide 8
-  EXPECT_THROW(ops::moe_route(logits, Tensor(), v3_like(8, 5, 4, 2, 1.f), w, ids), Error);  // 5 > 2 groups x 2
-  EXPECT_THROW(ops::moe_route(logits, Tensor::zeros({7}, DType::kFP32), v3_like(8, 2, 4, 2, 1.f), w, ids), Error);
-  EXPECT_THROW(ops::moe_route(Tensor::zeros({2, 8}, DType::kBF16), Tensor(), v3_like(8, 2, 4, 2, 1.f), w, ids), Error);
+  EXPECT_THROW(ops::moe_route(logits, Tensor(), routing_config(8, 2, 3, 1, 1.f), w, ids), Error);  // 3 does not divide 8
+  EXPECT_THROW(ops::moe_route(logits, Tensor(), routing_config(8, 5, 4, 2, 1.f), w, ids), Error);  // 5 > 2 groups x 2
+  EXPECT_THROW(ops::moe_route(logits, Tensor::zeros({7}, DType::kFP32), routing_config(8, 2, 4, 2, 1.f), w, ids), Error);
+  EXPECT_THROW(ops::moe_route(Tensor::zeros({2, 8}, DType::kBF16), Tensor(), routing_config(8, 2, 4, 2, 1.f), w, ids), Error);
   Tensor x = Tensor::zeros({3, 4}, DType::kBF16), y = Tensor::empty({2, 4}, DType::kBF16);
   Tensor rows = Tensor::empty({2}, DType::kI32);
   rows.data<int32_t>()[0] = 0;
@@ -205,6 +196,79 @@ TEST(MoeRoutingTest, GatherAndCombine) {
       ref.push_back(v);
     }
   EXPECT_LT(rel_error(y, ref), 1e-6);
+}
+
+struct Grouped {
+  Tensor offsets, rows, slot;
+};
+Grouped group(const Tensor& ids, int64_t E) {
+  Grouped g{Tensor::empty({E + 1}, DType::kI32), Tensor::empty({ids.size(0) * ids.size(1)}, DType::kI32),
+            Tensor::empty({ids.size(0), ids.size(1)}, DType::kI32)};
+  for (Tensor* t : {&g.offsets, &g.rows, &g.slot}) t->fill_nan_();  // 0xFF bytes: -1
+  ops::moe_group(ids, E, g.offsets, g.rows, g.slot);
+  return g;
+}
+
+Tensor i32_rows(const std::vector<std::vector<int32_t>>& rows) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, DType::kI32);
+  for (size_t i = 0; i < rows.size(); ++i) std::copy(rows[i].begin(), rows[i].end(), t.data<int32_t>() + i * rows[i].size());
+  return t;
+}
+
+std::vector<int32_t> values(const Tensor& t) { return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel()); }
+
+// 3 tokens, k = 2, 5 experts (1 and 4 get nothing). Pairs in (t, j) order: (0,0)->3, (0,1)->0,
+// (1,0)->0, (1,1)->3, (2,0)->2, (2,1)->0. Expert 0 holds tokens 0, 1, 2 (rows 0-2), expert 2
+// token 2 (row 3), expert 3 tokens 0, 1 (rows 4-5).
+TEST(MoeGroupTest, HandComputedOrderAndEmptyExperts) {
+  const Grouped g = group(i32_rows({{3, 0}, {0, 3}, {2, 0}}), 5);
+  EXPECT_EQ(values(g.offsets), (std::vector<int32_t>{0, 3, 3, 4, 6, 6}));
+  EXPECT_EQ(values(g.rows), (std::vector<int32_t>{0, 1, 2, 2, 0, 1}));
+  EXPECT_EQ(values(g.slot), (std::vector<int32_t>{4, 0, 1, 5, 3, 2}));
+  // The same expert twice in one token (never from moe_route, still well defined): j order.
+  const Grouped d = group(i32_rows({{1, 1}}), 2);
+  EXPECT_EQ(values(d.offsets), (std::vector<int32_t>{0, 0, 2}));
+  EXPECT_EQ(values(d.rows), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(values(d.slot), (std::vector<int32_t>{0, 1}));
+}
+
+// Random ids against the defining properties: offsets are the running counts; walking the pairs
+// in (t, j) order, each expert's rows are handed out in increasing order; rows and slot agree.
+TEST(MoeGroupTest, RandomIdsSatisfyTheContract) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  for (const auto& [T, K, E] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 3, 11}, {64, 8, 256}, {33, 6, 5}}) {
+    Tensor ids = Tensor::empty({T, K}, DType::kI32);
+    // Skewed: most pairs go to a few experts, so some experts stay empty.
+    for (int64_t i = 0; i < T * K; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(rng() % 2 ? rng() % (E / 4 + 1) : rng() % E);
+    const Grouped g = group(ids, E);
+    std::vector<int64_t> next(E + 1, 0);
+    for (int64_t i = 0; i < T * K; ++i) ++next[ids.data<int32_t>()[i] + 1];
+    for (int64_t e = 0; e < E; ++e) next[e + 1] += next[e];
+    for (int64_t e = 0; e <= E; ++e) ASSERT_EQ(g.offsets.data<int32_t>()[e], next[e]) << "offsets[" << e << "]";
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = ids.data<int32_t>()[t * K + j], r = g.slot.data<int32_t>()[t * K + j];
+        ASSERT_EQ(r, next[e]++) << "slot[" << t << ", " << j << "]";
+        ASSERT_EQ(g.rows.data<int32_t>()[r], t) << "rows[" << r << "]";
+      }
+  }
+}
+
+TEST(MoeGroupTest, BadIdsAndShapesAreErrors) {
+  const Tensor ids = i32_rows({{0, 1}, {4, 2}});
+  Tensor off = Tensor::empty({5}, DType::kI32), rows = Tensor::empty({4}, DType::kI32), slot = Tensor::empty({2, 2}, DType::kI32);
+  try {
+    ops::moe_group(ids, 4, off, rows, slot);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ids[1, 0]=4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ops::moe_group(i32_rows({{0, -1}}), 4, off, rows.slice(0, 0, 2), slot.slice(0, 0, 1)), Error);
+  EXPECT_THROW(ops::moe_group(ids, 5, off, rows, slot), Error);                      // offsets must be [E + 1]
+  EXPECT_THROW(ops::moe_group(ids, 8, Tensor::empty({9}, DType::kI32), rows.slice(0, 0, 3), slot), Error);  // rows [T k]
+  EXPECT_THROW(ops::moe_group(ids, 8, Tensor::empty({9}, DType::kFP32), rows, slot), Error);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "core/device_hooks.h"
 #include "module_test_util.h"
+#include "moe_test_util.h"
 
 namespace locus::testing {
 namespace {
@@ -26,42 +27,6 @@ MoeConfig small_cfg(int64_t H, int64_t I, int64_t E, int64_t shared) {
   c.n_shared_experts = shared;
   return c;
 }
-
-struct MoeWeights {
-  Tensor gate, bias;
-  std::vector<Tensor> g, u, d;  // per expert
-  Tensor sg, su, sd;            // shared
-  MoeWeights(const MoeConfig& c, uint64_t seed) {
-    const int64_t H = c.hidden_size, I = c.intermediate_size;
-    gate = randn({c.num_experts, H}, DType::kBF16, seed);
-    bias = randn({c.num_experts}, DType::kFP32, seed + 1, 0.1);
-    for (int64_t e = 0; e < c.num_experts; ++e) {
-      g.push_back(randn({I, H}, DType::kBF16, seed + 10 + 3 * e, 0.3));
-      u.push_back(randn({I, H}, DType::kBF16, seed + 11 + 3 * e, 0.3));
-      d.push_back(randn({H, I}, DType::kBF16, seed + 12 + 3 * e, 0.3));
-    }
-    const int64_t Is = I * c.n_shared_experts;
-    if (Is) {
-      sg = randn({Is, H}, DType::kBF16, seed + 5, 0.3);
-      su = randn({Is, H}, DType::kBF16, seed + 6, 0.3);
-      sd = randn({H, Is}, DType::kBF16, seed + 7, 0.3);
-    }
-  }
-  modules::WeightMap per_expert() const {
-    modules::WeightMap m{{"gate.weight", gate}, {"gate.e_score_correction_bias", bias}};
-    for (size_t e = 0; e < g.size(); ++e) {
-      m[str("experts.", e, ".gate_proj.weight")] = g[e];
-      m[str("experts.", e, ".up_proj.weight")] = u[e];
-      m[str("experts.", e, ".down_proj.weight")] = d[e];
-    }
-    if (sg.defined()) {
-      m["shared_experts.gate_proj.weight"] = sg;
-      m["shared_experts.up_proj.weight"] = su;
-      m["shared_experts.down_proj.weight"] = sd;
-    }
-    return m;
-  }
-};
 
 std::unique_ptr<MoE> build(const modules::ModuleContext& ctx, const MoeConfig& c, const MoeWeights& w) {
   auto moe = std::make_unique<MoE>(ctx, c);

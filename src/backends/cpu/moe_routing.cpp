@@ -98,6 +98,25 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::M
   });
 }
 
+void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot) {
+  const int64_t T = ids.size(0), K = ids.size(1), E = num_experts;
+  auto id_at = [&](int64_t t, int64_t j) { return ids.data<int32_t>()[t * ids.stride(0) + j]; };
+  int32_t* off = offsets.data<int32_t>();
+  const int64_t os = offsets.stride(0);
+  std::vector<int64_t> count(E + 1, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) ++count[id_at(t, j) + 1];
+  for (int64_t e = 0; e < E; ++e) count[e + 1] += count[e];
+  for (int64_t e = 0; e <= E; ++e) off[e * os] = static_cast<int32_t>(count[e]);
+  // count[e] becomes the next free row of expert e; visiting t then j keeps that order per expert.
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t r = count[id_at(t, j)]++;
+      rows.data<int32_t>()[r * rows.stride(0)] = static_cast<int32_t>(t);
+      slot.data<int32_t>()[t * slot.stride(0) + j * slot.stride(1)] = static_cast<int32_t>(r);
+    }
+}
+
 void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, ThreadPool& pool) {
   const int64_t R = y.size(0), H = y.size(1);
   const size_t es = dtype_size(x.dtype());

@@ -8,6 +8,8 @@ namespace locus::cpu {
 
 void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::MoeRoutingConfig& cfg,
                const Tensor& weights, const Tensor& ids, ThreadPool& pool);
+// Sequential (one counting pass, one placement pass): the ids are few (T * k).
+void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot);
 void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, ThreadPool& pool);
 void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
                  const Tensor& y, ThreadPool& pool);

@@ -24,3 +24,13 @@
                   cudaGetErrorString(locus_err_), ")");                                         \
     }                                                                                           \
   } while (0)
+
+namespace locus::cuda {
+
+// Makes `index` the calling thread's current device (cheap when it already is).
+inline void use_device(int index) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+}  // namespace locus::cuda

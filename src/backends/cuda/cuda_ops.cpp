@@ -26,10 +26,6 @@ void check_float_out(const Tensor& y, const char* op) {
               y.describe());
 }
 
-void set_device(int index) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
-}
 
 // Checks x [M,K], w [N,K] bf16 row-major and y [M, N] (N = out_cols) row-major; returns M, N, K.
 void check_gemm_operands(const char* op, const Tensor& x, const Tensor& w, const Tensor& y, int64_t out_cols_per_w_rows,
@@ -130,7 +126,7 @@ void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y,
                 "cuda::gemm: bias must be a dense bf16/fp32 [", n, "], got ", bias.describe());
   }
   if (m == 0 || n == 0) return;
-  set_device(x.device().index);
+  use_device(x.device().index);
   if (m <= stream_gemm_bf16_max_m() && stream_gemm(x, w, bias, y, false, stream)) return;
   detail::bf16_gemm(x, weight_of(w), bias, y, as_stream(stream));
 }
@@ -141,7 +137,7 @@ void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, void
               "cuda::gemm_swiglu: w_gate_up must be [2I, K] with an even row count, got ", w_gate_up.describe());
   check_gemm_operands("cuda::gemm_swiglu", x, w_gate_up, y, 2, &m, &n2, &k);
   if (m == 0 || n2 == 0) return;
-  set_device(x.device().index);
+  use_device(x.device().index);
   if (m <= stream_gemm_bf16_max_m() && stream_gemm(x, w_gate_up, Tensor(), y, true, stream)) return;
   detail::bf16_gemm_swiglu(x, weight_of(w_gate_up), y, as_stream(stream));
 }
@@ -157,7 +153,7 @@ void swiglu(const Tensor& gate_up, const Tensor& y, void* stream) {
   const int64_t m = gate_up.size(0), inter = gate_up.size(1) / 2;
   LOCUS_CHECK(y.dim() == 2 && y.stride(1) == 1 && y.size(0) == m && y.size(1) == inter, "cuda::swiglu: y must be [", m,
               ", ", inter, "] with stride(1) == 1, got ", y.describe());
-  set_device(dev);
+  use_device(dev);
   const bool f32 = gate_up.dtype() == DType::kFP32;
   const char* base = static_cast<const char*>(gate_up.data_ptr());
   detail::SwigluArgs a{base, base + inter * dtype_size(gate_up.dtype()), gate_up.stride(0), gate_up.stride(0), f32,
@@ -185,7 +181,7 @@ void bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
               "got strides ", shape_to_string(b.strides()));
   LOCUS_CHECK(a.stride(1) >= K || M == 1, "cuda::bmm: a's row stride ", a.stride(1), " is smaller than K = ", K);
   if (B == 0 || M == 0 || N == 0) return;
-  set_device(dev);
+  use_device(dev);
   if (M <= stream_gemm_bf16_max_m() && stream_bmm(a, b, y, stream)) return;
   // Row-major y[b] = a[b] b[b]  <=>  column-major y^T (N x M) = b^T (N x K) a^T (K x M).
   detail::LtMatmul mm;

@@ -168,10 +168,6 @@ std::vector<DomainSlice> whole(const ops::Nvfp4Weight& w, bool swiglu, void* str
   return {DomainSlice{0, swiglu ? w.n / 2 : w.n, stream}};
 }
 
-void set_device(int index) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
-}
 
 }  // namespace
 
@@ -205,7 +201,7 @@ ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain) {
   out.packed = Tensor::empty(tiled.packed.shape(), DType::kU8, dev, domain);
   const int64_t sbytes = tiled.scales.numel();
   out.scales = Tensor::empty({sbytes}, DType::kU8, dev, domain);
-  set_device(dev.index);
+  use_device(dev.index);
   LOCUS_CUDA_CHECK(cudaMemcpy(out.packed.data_ptr(), tiled.packed.data_ptr(), tiled.packed.nbytes(), cudaMemcpyDeviceToDevice));
   LOCUS_CUDA_CHECK(cudaMemcpy(out.scales.data_ptr(), tiled.scales.data_ptr(), sbytes, cudaMemcpyDeviceToDevice));
   LOCUS_CUDA_CHECK(cudaDeviceSynchronize());
@@ -222,7 +218,7 @@ void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, 
                 "cuda::nvfp4_gemm: bias must be a dense bf16/fp32 [", w.n, "] on the device, got ", bias.describe());
   }
   if (x.size(0) == 0) return;
-  set_device(x.device().index);
+  use_device(x.device().index);
   if (nvfp4_gemm_domains(x, {w}, bias, y, false, whole(w, false, stream), stream)) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DequantizedWeight dq(w, s);
@@ -236,7 +232,7 @@ void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor&
   check_x(x, w.k, "cuda::nvfp4_gemm_swiglu");
   check_y(y, m, inter, x, "cuda::nvfp4_gemm_swiglu");
   if (m == 0) return;
-  set_device(x.device().index);
+  use_device(x.device().index);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   // Fused in the streaming kernel when the up rows start on a 16-row tile.
   if (nvfp4_gemm_domains(x, {w}, Tensor(), y, true, whole(w, true, stream), stream)) return;

@@ -13,12 +13,6 @@ namespace locus::cuda::detail {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Makes `index` the calling thread's current device (a no-op when it already is).
-inline void use_device(int index) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
-}
-
 // Entry of every small op: `lead` (the operand that decides the device) must be on a CUDA
 // device, which becomes current. False when there is nothing to do (`elements` == 0).
 inline bool start_op(const char* op, const Tensor& lead, int64_t elements) {

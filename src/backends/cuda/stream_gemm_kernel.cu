@@ -17,7 +17,7 @@
 namespace locus::cuda::detail {
 namespace {
 
-constexpr int kWarps = 8;  // per CTA; warps work independently
+constexpr int kWarps = 4;  // per CTA; warps work independently, each with its own pipeline
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // Per-launch constants computed on the host.
@@ -28,152 +28,167 @@ struct Plan {
   unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][tile counters...]
   float4* partials;    // [slot][MB][32 lanes]
   int32_t total_warps;
+  int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
 constexpr int kTileCounters = kStreamGemmMaxDomains + 1;
 
+// ---- cp.async: global -> shared without registers, so that many chunks are in flight per warp ----
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  // With a source size of 0 nothing is read and the 16 bytes are zero-filled.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+
+// One work unit: chunks [c0, c0 + n) of one tile-half of one batch entry of one part.
+struct Unit {
+  int32_t part, batch, tile, half, s, c0, n, pad;
+};
+
+// A stage holds one chunk: the weights (kWeightBytes), then the activations of rows m < M, each
+// kXRowBytes, at offset (m * 4 + t) * (kXRowBytes / 4) for lane t's K quarter.
 template <StreamWeight F>
 struct Format;
 
-// NVFP4: a chunk is 16 rows x 64 K of one tile = 512 bytes, 16 per lane, plus the lane's two
-// scale codes; the lane's activations are its token's 16 K values (one scale block).
+// NVFP4: 16 rows x 64 K of one tile = 512 bytes (16 per lane) plus the tile's 64 bytes of scale
+// codes (2 per lane); each lane's activations are its token's 16 K values (one scale block).
 template <>
 struct Format<StreamWeight::kNVFP4> {
   static constexpr int kChunkK = 64;
-  struct Stage {
+  static constexpr int kWeightBytes = 512 + 64;
+  static constexpr int kXRowBytes = 128;
+  template <int MB>
+  using XFrag = uint4[MB][2];
+  struct Chunk {
     uint4 w;
     uint32_t s;
   };
-  struct Cursor {
-    const uint8_t* w;
-    const uint16_t* s;
+  struct Source {
+    const uint8_t* w;   // the lane's 16 bytes in chunk 0 of the unit
+    const uint8_t* s;   // the unit's chunk-0 scale bytes (64 per chunk)
   };
-  template <int MB>
-  using XFrag = uint4[MB][2];
-
-  __device__ static Cursor start(const StreamGemmPart& p, int32_t chunks, int, int tile, int half, int c0, int lane) {
-    const int64_t t = (static_cast<int64_t>(tile) + half * p.up_offset) * chunks + c0;
-    return {static_cast<const uint8_t*>(p.w) + (t * 32 + lane) * 16, p.scales + t * 32 + lane};
+  __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Unit& u, int lane) {
+    const int64_t t = (static_cast<int64_t>(u.tile) + u.half * p.up_offset) * chunks + u.c0;
+    return {static_cast<const uint8_t*>(p.w) + (t * 32 + lane) * 16,
+            reinterpret_cast<const uint8_t*>(p.scales) + t * 64};
   }
-  __device__ static void load(Stage& st, const Cursor& c, int j, int64_t, int, int) {
-    st.w = __ldcs(reinterpret_cast<const uint4*>(c.w + static_cast<int64_t>(j) * 512));
-    st.s = c.s[static_cast<int64_t>(j) * 32];
+  __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t, int lane) {
+    cp_async16(slot + lane * 16, src.w + static_cast<int64_t>(j) * 512, true);
+    if (lane < 4) cp_async16(slot + 512 + lane * 16, src.s + static_cast<int64_t>(j) * 64 + lane * 16, true);
+  }
+  __device__ static Chunk read(uint32_t slot, int lane) { return {lds128(slot + lane * 16), lds16(slot + 512 + lane * 2)}; }
+  template <int MB>
+  __device__ static void mma(const Chunk& c, const uint4 (&xv)[MB][2], float (&acc)[MB][4]) {
+    nvfp4_chunk_mma<MB>(c.w, c.s, xv, acc);
   }
   template <int MB>
-  __device__ static void load_x(uint4 (&xv)[MB][2], const StreamGemmArgs& a, const uint16_t* x, int c, int g, int t) {
-    const int64_t kb = static_cast<int64_t>(c) * kChunkK + 16 * t;
+  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB][2]) {
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
       const int m = 8 * b + g;
-      if (m < a.m && kb < a.k) {
-        const uint4* p = reinterpret_cast<const uint4*>(x + m * a.x_ld + kb);
-        xv[b][0] = __ldg(p);
-        xv[b][1] = __ldg(p + 1);
+      if (m < m_count) {
+        const uint32_t at = xslot + (m * 4 + t) * 32;
+        xv[b][0] = lds128(at);
+        xv[b][1] = lds128(at + 16);
       } else {
-        xv[b][0] = make_uint4(0, 0, 0, 0);
-        xv[b][1] = make_uint4(0, 0, 0, 0);
+        xv[b][0] = xv[b][1] = make_uint4(0, 0, 0, 0);
       }
     }
   }
-  template <int MB>
-  __device__ static void mma(const Stage& st, const uint4 (&xv)[MB][2], float (&acc)[MB][4]) {
-    nvfp4_chunk_mma<MB>(st.w, st.s, xv, acc);
+  // Lane t of row m copies K [64c + 16t, +16) of its token: two 16-byte pieces.
+  __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
+    const int64_t kb = k0 + 16 * t;
+    const bool valid = kb < k;
+    const uint16_t* src = valid ? xrow + kb : xrow;
+    cp_async16(xslot + (m * 4 + t) * 32, src, valid);
+    cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
   }
   __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
 };
 
-// BF16: a chunk is 16 rows x 32 K of the row-major weight: each lane loads 8 K values (16 bytes)
-// of row g and of row g + 8; its activations are its token's same 8 K values.
+// BF16: 16 rows x 32 K of the row-major weight: each lane's 8 K values (16 bytes) of row g and of
+// row g + 8, at the same K as its token's 8 activations.
 template <>
 struct Format<StreamWeight::kBF16> {
   static constexpr int kChunkK = 32;
-  struct Stage {
-    uint4 lo, hi;
-  };
-  struct Cursor {
-    const uint16_t* lo;
-    const uint16_t* hi;
-    int64_t k0;  // K of the lane's first value in chunk 0 of the unit
-  };
+  static constexpr int kWeightBytes = 1024;
+  static constexpr int kXRowBytes = 64;
   template <int MB>
   using XFrag = uint4[MB];
-
-  __device__ static Cursor start(const StreamGemmPart& p, int32_t, int batch, int tile, int half, int c0, int lane) {
+  struct Chunk {
+    uint4 lo, hi;
+  };
+  struct Source {
+    const uint16_t* lo;  // row g, K of the lane's first value in chunk 0 of the unit
+    const uint16_t* hi;  // row g + 8
+    int64_t k0;
+  };
+  __device__ static Source source(const StreamGemmPart& p, int32_t, const Unit& u, int lane) {
     const int g = lane >> 2, t = lane & 3;
     // Rows past the part's end read its last row (valid memory); their outputs are dropped.
-    const int64_t r_lo = min(tile * 16 + g, p.rows - 1) + half * p.up_offset;
-    const int64_t r_hi = min(tile * 16 + g + 8, p.rows - 1) + half * p.up_offset;
-    const int64_t k0 = static_cast<int64_t>(c0) * kChunkK + 8 * t;
-    const auto* w = static_cast<const uint16_t*>(p.w) + batch * p.w_batch_stride;
+    const int64_t r_lo = min(u.tile * 16 + g, p.rows - 1) + u.half * p.up_offset;
+    const int64_t r_hi = min(u.tile * 16 + g + 8, p.rows - 1) + u.half * p.up_offset;
+    const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK + 8 * t;
+    const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride;
     return {w + r_lo * p.ldw + k0, w + r_hi * p.ldw + k0, k0};
   }
-  __device__ static void load(Stage& st, const Cursor& c, int j, int64_t k, int, int) {
-    if (c.k0 + static_cast<int64_t>(j) * kChunkK < k) {
-      st.lo = __ldcs(reinterpret_cast<const uint4*>(c.lo + j * kChunkK));
-      st.hi = __ldcs(reinterpret_cast<const uint4*>(c.hi + j * kChunkK));
-    } else {
-      st.lo = make_uint4(0, 0, 0, 0);
-      st.hi = make_uint4(0, 0, 0, 0);
-    }
+  __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
+    const bool valid = src.k0 + static_cast<int64_t>(j) * kChunkK < k;
+    cp_async16(slot + lane * 16, valid ? src.lo + j * kChunkK : src.lo, valid);
+    cp_async16(slot + 512 + lane * 16, valid ? src.hi + j * kChunkK : src.hi, valid);
+  }
+  __device__ static Chunk read(uint32_t slot, int lane) { return {lds128(slot + lane * 16), lds128(slot + 512 + lane * 16)}; }
+  template <int MB>
+  __device__ static void mma(const Chunk& c, const uint4 (&xv)[MB], float (&acc)[MB][4]) {
+    bf16_chunk_mma<MB>(c.lo, c.hi, xv, acc);
   }
   template <int MB>
-  __device__ static void load_x(uint4 (&xv)[MB], const StreamGemmArgs& a, const uint16_t* x, int c, int g, int t) {
-    const int64_t kb = static_cast<int64_t>(c) * kChunkK + 8 * t;
+  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB]) {
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
       const int m = 8 * b + g;
-      xv[b] = (m < a.m && kb < a.k) ? __ldg(reinterpret_cast<const uint4*>(x + m * a.x_ld + kb))
-                                    : make_uint4(0, 0, 0, 0);
+      xv[b] = m < m_count ? lds128(xslot + (m * 4 + t) * 16) : make_uint4(0, 0, 0, 0);
     }
   }
-  template <int MB>
-  __device__ static void mma(const Stage& st, const uint4 (&xv)[MB], float (&acc)[MB][4]) {
-    bf16_chunk_mma<MB>(st.lo, st.hi, xv, acc);
+  __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
+    const int64_t kb = k0 + 8 * t;
+    const bool valid = kb < k;
+    cp_async16(xslot + (m * 4 + t) * 16, valid ? xrow + kb : xrow, valid);
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
 };
 
-// Chunks in flight per warp: enough bytes to cover the memory latency within the register budget.
-// (Within 128 registers, the budget for two CTAs per SM: checked with nvcc -Xptxas -v, no spills.)
+// Pipeline stages per warp: enough weight bytes in flight to cover the memory latency (about
+// 8 KB per warp) within a shared-memory budget that still fits a few CTAs per SM.
 template <StreamWeight F, int MB>
-constexpr int pipeline_depth() {
-  if (MB >= 4) return 2;
-  return F == StreamWeight::kNVFP4 && MB == 1 ? 8 : 4;
+constexpr int pipeline_stages() {
+  if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 16 : MB == 2 ? 10 : 6;
+  else return MB == 1 ? 8 : MB == 2 ? 6 : 4;
 }
-
-// Streams chunks [c0, c1) of one tile-half of batch entry `batch` through the register pipeline into acc.
+// Unit descriptors between the producer (ahead) and the consumer: at most one per stage, + 1.
 template <StreamWeight F, int MB>
-__device__ __forceinline__ void run_unit(const StreamGemmArgs& a, const StreamGemmPart& p, int32_t chunks, int batch,
-                                         int tile, int half, int c0, int c1, int lane, float (&acc)[MB][4]) {
-  using Fmt = Format<F>;
-  constexpr int U = pipeline_depth<F, MB>();
-  static_assert(U % 2 == 0, "the activation double buffer alternates with the pipeline slot");
-  const int g = lane >> 2, t = lane & 3;
-  const int n = c1 - c0;
-  const typename Fmt::Cursor cur = Fmt::start(p, chunks, batch, tile, half, c0, lane);
-  const uint16_t* x = (p.x ? p.x : a.x) + batch * p.x_batch_stride;
-  typename Fmt::Stage st[U];
-#pragma unroll
-  for (int j = 0; j < U; ++j)
-    if (j < n) Fmt::load(st[j], cur, j, a.k, g, t);
-  // Activations (L1/L2 hits) one chunk ahead, except for MB = 4, where two buffers would spill.
-  constexpr bool kPrefetchX = MB < 4;
-  typename Fmt::template XFrag<MB> xv[kPrefetchX ? 2 : 1];
-  if (kPrefetchX) Fmt::template load_x<MB>(xv[0], a, x, c0, g, t);
-  for (int i = 0; i < n; i += U) {
-#pragma unroll
-    for (int j = 0; j < U; ++j) {
-      const int idx = i + j;
-      if (idx < n) {
-        const int xb = kPrefetchX ? (j & 1) : 0;
-        if (kPrefetchX && idx + 1 < n) Fmt::template load_x<MB>(xv[(j + 1) & 1], a, x, c0 + idx + 1, g, t);
-        if (!kPrefetchX) Fmt::template load_x<MB>(xv[0], a, x, c0 + idx, g, t);
-        Fmt::template mma<MB>(st[j], xv[xb], acc);
-        if (idx + U < n) Fmt::load(st[j], cur, idx + U, a.k, g, t);
-      }
-    }
-  }
+constexpr int unit_ring() {
+  return pipeline_stages<F, MB>() + 1;
+}
+template <StreamWeight F, int MB>
+constexpr int warp_extra_bytes() {
+  return unit_ring<F, MB>() * static_cast<int>(sizeof(Unit));
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
@@ -225,10 +240,95 @@ __device__ __forceinline__ bool grab_unit(const Plan& pl, int num_domains, int h
   return false;
 }
 
+// The part, batch entry, tile, half and K range of unit `unit` of `domain`'s queue.
+template <int H>
+__device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit) {
+  Unit u{};
+  for (int q = 0; q < a.num_parts; ++q) {
+    const StreamGemmPart& cand = a.parts[q];
+    if (cand.domain == domain && unit >= cand.unit_begin && unit < cand.unit_begin + cand.batch * cand.tiles * H * pl.splits) {
+      u.part = q;
+      break;
+    }
+  }
+  const StreamGemmPart& p = a.parts[u.part];
+  // Units are split-major: consecutive units share a K range (and so the activations in L1/L2).
+  const int local = unit - p.unit_begin;
+  const int tile_halves = p.batch * p.tiles * H;
+  u.s = local / tile_halves;
+  const int batch_tile = (local % tile_halves) / H;
+  u.batch = batch_tile / p.tiles;
+  u.tile = batch_tile % p.tiles;
+  u.half = local % H;
+  u.c0 = static_cast<int>(static_cast<int64_t>(pl.chunks) * u.s / pl.splits);
+  u.n = static_cast<int>(static_cast<int64_t>(pl.chunks) * (u.s + 1) / pl.splits) - u.c0;
+  return u;
+}
+
+// Adds a finished unit's sums into its tile: directly when the tile is one unit, else through the
+// partials, the tile's last unit adding them in unit order (deterministic) and writing y.
 template <StreamWeight F, int MB, int H>
-__global__ void __launch_bounds__(kWarps * 32, 2) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
-                                                                      const __grid_constant__ Plan pl) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, const Unit& u, int lane,
+                                            const float (&acc)[MB][4]) {
+  const StreamGemmPart& p = a.parts[u.part];
+  const int units_per_tile = H * pl.splits;
+  if (units_per_tile == 1) {
+    const float(&v)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(acc);
+    store_tile<F, MB, 1>(a, p, u.batch, u.tile, lane, v);
+    return;
+  }
+  const int batch_tile = u.batch * p.tiles + u.tile;
+  const int64_t tile_slot0 = p.partial_base + static_cast<int64_t>(batch_tile) * units_per_tile;
+  float4* mine = pl.partials + ((tile_slot0 + u.half * pl.splits + u.s) * MB) * 32;
+#pragma unroll
+  for (int b = 0; b < MB; ++b) __stcg(mine + b * 32 + lane, make_float4(acc[b][0], acc[b][1], acc[b][2], acc[b][3]));
+  __threadfence();
+  __syncwarp();
+  unsigned* tile_counter = pl.counters + kTileCounters + p.tile_base + batch_tile;
+  unsigned arrived = 0;
+  if (lane == 0) arrived = atomicAdd(tile_counter, 1u);
+  arrived = __shfl_sync(kFull, arrived, 0);
+  if (arrived != static_cast<unsigned>(units_per_tile - 1)) return;
+  __threadfence();
+  float v[H][MB][4];
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) v[h][b][r] = 0.f;
+    for (int s2 = 0; s2 < pl.splits; ++s2) {
+      const float4* src = pl.partials + ((tile_slot0 + h * pl.splits + s2) * MB) * 32;
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        const float4 f = __ldcg(src + b * 32 + lane);
+        v[h][b][0] += f.x;
+        v[h][b][1] += f.y;
+        v[h][b][2] += f.z;
+        v[h][b][3] += f.w;
+      }
+    }
+  }
+  store_tile<F, MB, H>(a, p, u.batch, u.tile, lane, v);
+  if (lane == 0) *tile_counter = 0;  // ready for the next launch (graph replays too)
+}
+
+// Each warp runs a producer that walks its units' chunks STAGES - 1 ahead (cp.async into its
+// shared-memory ring, taking the next unit from the queue when one runs out) and a consumer that
+// reads a landed chunk, multiplies it into the accumulators and finishes each unit at its end.
+template <StreamWeight F, int MB, int H>
+__global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
+                                                                   const __grid_constant__ Plan pl) {
+  using Fmt = Format<F>;
+  constexpr int kStages = pipeline_stages<F, MB>();
+  constexpr int kRing = unit_ring<F, MB>();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const uint32_t ring_base =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kStages * pl.slot_bytes;
+  Unit* units = reinterpret_cast<Unit*>(smem + kWarps * kStages * pl.slot_bytes) + warp * kRing;
+
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   int home = 0;
@@ -236,78 +336,74 @@ __global__ void __launch_bounds__(kWarps * 32, 2) stream_gemm_kernel(const __gri
     const uint8_t d = smid < 1024 ? a.sm_domain[smid] : kNoDomain;
     home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
   }
-  const int units_per_tile = H * pl.splits;
   unsigned exhausted = 0;
-  int domain = 0, unit = 0;
-  while (grab_unit(pl, a.num_domains, home, exhausted, domain, unit, lane)) {
-    // The part of `domain` that holds `unit`.
-    int pi = 0;
-    for (int q = 0; q < a.num_parts; ++q) {
-      const StreamGemmPart& cand = a.parts[q];
-      if (cand.domain == domain && unit >= cand.unit_begin &&
-          unit < cand.unit_begin + cand.batch * cand.tiles * units_per_tile) {
-        pi = q;
-        break;
-      }
-    }
-    const StreamGemmPart& p = a.parts[pi];
-    // Units are split-major: consecutive units share a K range (and so the activations in L1).
-    const int local = unit - p.unit_begin;
-    const int tile_halves = p.batch * p.tiles * H;
-    const int s = local / tile_halves;
-    const int batch_tile = (local % tile_halves) / H;  // batch entry * tiles + tile
-    const int batch = batch_tile / p.tiles, tile = batch_tile % p.tiles;
-    const int half = local % H;
-    const int c0 = static_cast<int>(static_cast<int64_t>(pl.chunks) * s / pl.splits);
-    const int c1 = static_cast<int>(static_cast<int64_t>(pl.chunks) * (s + 1) / pl.splits);
 
+  // Producer state.
+  Unit pu{};
+  typename Fmt::Source psrc{};
+  const uint16_t* px = nullptr;  // the unit's activations (row 0)
+  int p_pos = 0, p_units = 0, issued = 0;
+  bool p_done = false;
+  auto take_unit = [&]() -> bool {
+    int domain = 0, unit = 0;
+    if (!grab_unit(pl, a.num_domains, home, exhausted, domain, unit, lane)) return false;
+    pu = decode_unit<H>(a, pl, domain, unit);
+    const StreamGemmPart& p = a.parts[pu.part];
+    psrc = Fmt::source(p, pl.chunks, pu, lane);
+    px = (p.x ? p.x : a.x) + pu.batch * p.x_batch_stride;
+    if (lane == 0) units[p_units % kRing] = pu;
+    ++p_units;
+    p_pos = 0;
+    return true;
+  };
+  auto produce = [&]() {
+    if (!p_done && p_pos == pu.n) p_done = !take_unit();
+    if (!p_done) {
+      const uint32_t slot = ring_base + (issued % kStages) * pl.slot_bytes;
+      Fmt::issue_weights(slot, psrc, p_pos, a.k, lane);
+      const int64_t k0 = static_cast<int64_t>(pu.c0 + p_pos) * Fmt::kChunkK;
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        const int m = 8 * b + g;
+        if (m < a.m) Fmt::issue_x(slot + Fmt::kWeightBytes, px + m * a.x_ld, k0, a.k, m, t);
+      }
+      ++p_pos;
+      ++issued;
+    }
+    cp_async_commit();  // one group per call (empty once the queue is dry) keeps the wait count exact
+  };
+
+  if (take_unit()) {
+    Unit cu = pu;  // the consumer's unit
+    int c_pos = 0, c_units = 0, consumed = 0;
     float acc[MB][4];
 #pragma unroll
     for (int b = 0; b < MB; ++b)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
-    run_unit<F, MB>(a, p, pl.chunks, batch, tile, half, c0, c1, lane, acc);
-
-    if (units_per_tile == 1) {
-      const float(&v)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(acc);
-      store_tile<F, MB, 1>(a, p, batch, tile, lane, v);
-      continue;
-    }
-    // Partial tile out; the tile's last unit adds all of them in unit order.
-    const int64_t tile_slot0 = p.partial_base + static_cast<int64_t>(batch_tile) * units_per_tile;
-    float4* mine = pl.partials + ((tile_slot0 + half * pl.splits + s) * MB) * 32;
-#pragma unroll
-    for (int b = 0; b < MB; ++b) __stcg(mine + b * 32 + lane, make_float4(acc[b][0], acc[b][1], acc[b][2], acc[b][3]));
-    __threadfence();
-    __syncwarp();
-    unsigned* tile_counter = pl.counters + kTileCounters + p.tile_base + batch_tile;
-    unsigned arrived = 0;
-    if (lane == 0) arrived = atomicAdd(tile_counter, 1u);
-    arrived = __shfl_sync(kFull, arrived, 0);
-    if (arrived != static_cast<unsigned>(units_per_tile - 1)) continue;
-    __threadfence();
-    float v[H][MB][4];
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < kStages - 1; ++i) produce();
+    while (true) {
+      __syncwarp();  // every lane has read the stage the producer refills next
+      produce();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();  // stages and unit descriptors written by other lanes are visible
+      const uint32_t slot = ring_base + (consumed % kStages) * pl.slot_bytes;
+      typename Fmt::template XFrag<MB> xv;
+      Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
+      Fmt::template mma<MB>(Fmt::read(slot, lane), xv, acc);
+      ++consumed;
+      if (++c_pos < cu.n) continue;
+      finish_unit<F, MB, H>(a, pl, cu, lane, acc);
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) v[h][b][r] = 0.f;
-      for (int s2 = 0; s2 < pl.splits; ++s2) {
-        const float4* src = pl.partials + ((tile_slot0 + h * pl.splits + s2) * MB) * 32;
-#pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          const float4 f = __ldcg(src + b * 32 + lane);
-          v[h][b][0] += f.x;
-          v[h][b][1] += f.y;
-          v[h][b][2] += f.z;
-          v[h][b][3] += f.w;
-        }
-      }
+        for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+      if (++c_units == p_units && p_done) break;  // (the producer grabs STAGES - 1 chunks ahead)
+      cu = units[c_units % kRing];
+      c_pos = 0;
     }
-    store_tile<F, MB, H>(a, p, batch, tile, lane, v);
-    if (lane == 0) *tile_counter = 0;  // ready for the next launch (graph replays too)
   }
+  cp_async_wait<0>();
   // The last warp out resets the unit counters for the next launch.
   if (lane == 0) {
     __threadfence();
@@ -366,15 +462,34 @@ int sm_count_for(cudaStream_t stream) {
 
 std::atomic<int> g_units_per_warp{0};
 
+// Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
+template <StreamWeight F, int MB, int H>
+int blocks_per_sm(int smem_bytes) {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(smem_bytes);
+  if (it != cache.end()) return it->second;
+  auto* kernel = stream_gemm_kernel<F, MB, H>;
+  if (cache.empty()) {
+    int dev = 0, optin = 0;
+    LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+    LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  }
+  int n = 0;
+  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem_bytes));
+  LOCUS_CHECK(n >= 1, "streaming GEMM: ", smem_bytes, " bytes of shared memory per CTA do not fit an SM");
+  cache[smem_bytes] = n;
+  return n;
+}
+
 template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
-  auto* kernel = stream_gemm_kernel<F, MB, H>;
-  static const int blocks_per_sm = [&] {
-    int n = 0;
-    LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, 0));
-    return std::max(n, 1);
-  }();
-  const int max_blocks = blocks_per_sm * sm_count_for(stream);
+  // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
+  const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
+  const int smem_bytes = kWarps * (pipeline_stages<F, MB>() * slot_bytes + warp_extra_bytes<F, MB>());
+  const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
   int64_t tile_halves = 0;
@@ -411,7 +526,8 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
                           std::max<size_t>(1, static_cast<size_t>(slots_total) * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;
-  stream_gemm_kernel<F, MB, H><<<blocks, kWarps * 32, 0, stream>>>(a, pl);
+  pl.slot_bytes = slot_bytes;
+  stream_gemm_kernel<F, MB, H><<<blocks, kWarps * 32, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
 

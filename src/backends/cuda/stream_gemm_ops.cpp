@@ -33,10 +33,6 @@ int bf16_max_m() {
   return m;
 }
 
-void set_device(int index) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
-}
 
 // The %smid -> domain table of a set of partition streams (domain i = streams[i]), built once per
 // set from the SM ids the green-context probe recorded; nullptr when no stream is a partition
@@ -185,7 +181,7 @@ bool stream_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Ten
   a.num_parts = 1;
   a.parts[0] = bf16_part(w, swiglu, bias, 0, 0);
   if (!detail::stream_gemm_eligible(a)) return false;
-  set_device(x.device().index);
+  use_device(x.device().index);
   detail::launch_stream_gemm(a, static_cast<cudaStream_t>(stream));
   return true;
 }
@@ -199,7 +195,7 @@ bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tens
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p) a.parts[p] = bf16_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p]);
   if (!detail::stream_gemm_eligible(a)) return false;
-  set_device(x.device().index);
+  use_device(x.device().index);
   a.num_domains = static_cast<int32_t>(streams.size());
   a.sm_domain = sm_domain_table(streams);
   detail::launch_stream_gemm(a, static_cast<cudaStream_t>(caller));
@@ -210,7 +206,7 @@ bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream)
   StreamGemmArgs args = bmm_args(a, y);
   args.num_parts = 1;
   if (!bmm_part(a, b, y, 0, 0, &args.parts[0]) || !detail::stream_gemm_eligible(args)) return false;
-  set_device(a.device().index);
+  use_device(a.device().index);
   detail::launch_stream_gemm(args, static_cast<cudaStream_t>(stream));
   return true;
 }
@@ -225,7 +221,7 @@ bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
   for (size_t p = 0; p < slices.size(); ++p)
     if (!bmm_part(a, b_shards[p], y, slices[p].n0, domain_of[p], &args.parts[p])) return false;
   if (!detail::stream_gemm_eligible(args)) return false;
-  set_device(a.device().index);
+  use_device(a.device().index);
   args.num_domains = static_cast<int32_t>(streams.size());
   args.sm_domain = sm_domain_table(streams);
   detail::launch_stream_gemm(args, static_cast<cudaStream_t>(caller));
@@ -245,7 +241,7 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
   StreamGemmArgs probe = a;
   probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
   if (!detail::stream_gemm_eligible(probe)) return false;
-  set_device(x.device().index);
+  use_device(x.device().index);
   a.num_domains = static_cast<int32_t>(streams.size());
   a.sm_domain = sm_domain_table(streams);
   launch_row_blocks(a, static_cast<cudaStream_t>(caller));
