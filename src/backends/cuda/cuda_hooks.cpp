@@ -47,12 +47,6 @@ bool capture_in_progress() { return g_captures.load() > 0; }
 
 namespace {
 
-// Makes `index` the current device for the calling thread (cheap when it already is).
-void use_device(int index) {
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
-}
-
 cudaMemcpyKind kind_of(Device dst, Device src) {
   if (dst.is_cuda() && src.is_cuda()) return cudaMemcpyDeviceToDevice;
   if (dst.is_cuda()) return cudaMemcpyHostToDevice;
