@@ -52,7 +52,7 @@ fi
 
 if ((e2e)); then
   LOG="$OUT/e2e.log"; : > "$LOG"
-  TINY="$OUT/tiny"
+  TINY="$(mktemp -d)/tiny"  # not under $OUT: the checkpoints need not come back
   rm -rf "$TINY"
   "$LOCUS_BIN" make-tiny-model "$TINY/bf16" --seed 1 >> "$LOG" 2>&1 &&
     "$LOCUS_BIN" make-tiny-model "$TINY/nvfp4" --nvfp4 --seed 1 >> "$LOG" 2>&1 || { note "make-tiny-model FAILED (see $LOG)"; rc=1; }
