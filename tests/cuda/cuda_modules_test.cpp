@@ -5,10 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "core/device_hooks.h"
+#include "cuda_locality_util.h"
 #include "cuda_test_util.h"
-#include "locality/domain_place.h"
-#include "locality/planner.h"
-#include "locality/topology.h"
 #include "modules/gated_mlp.h"
 #include "modules/linear.h"
 
@@ -25,22 +23,9 @@ class CudaModules : public ::testing::Test {
  protected:
   void SetUp() override {
     LOCUS_REQUIRE_GPU();
-    topo_ = locality::resolve_topology(Device::cuda(0), 2);
-    locality::LocalityDomainPolicy pol;
-    pol.enabled = true;
-    planner_ = std::make_shared<locality::Planner>(pol, topo_);
-    runtime_ = locality::shared_locality_runtime(topo_);
+    ld_ = CudaLocality::emulated(2);
   }
-  ModuleContext ctx(const std::string& name, bool ld, Device d) const {
-    ModuleContext c;
-    c.device = d;
-    c.name = name;
-    if (ld) {
-      c.planner = planner_;
-      c.runtime = runtime_;
-    }
-    return c;
-  }
+  ModuleContext ctx(const std::string& name, bool ld, Device d) const { return ld_.ctx(name, ld, d); }
   static Tensor run(const Linear& l, const Tensor& x, int64_t n) {
     Tensor y = Tensor::empty({x.size(0), n}, DType::kBF16, x.device());
     y.fill_nan_();
@@ -58,9 +43,7 @@ class CudaModules : public ::testing::Test {
     s.data<float>()[0] = v;
     return s;
   }
-  locality::Topology topo_;
-  std::shared_ptr<locality::Planner> planner_;
-  std::shared_ptr<const locality::LocalityRuntime> runtime_;
+  CudaLocality ld_;
 };
 
 TEST_F(CudaModules, Bf16LinearLdOnOffCpuAndFp64AgreeAndReloadKeepsPointers) {

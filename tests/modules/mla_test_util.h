@@ -38,27 +38,28 @@ inline MlaConfig small_cfg(int64_t q_lora) {
   return c;
 }
 
+// Random weights: projections Normal(0, sd), norm weights near 1.
 struct MlaWeights {
   modules::WeightMap map;
-  MlaWeights(const MlaConfig& c, uint64_t seed) {
+  MlaWeights(const MlaConfig& c, uint64_t seed, double sd = 0.2) {
     const int64_t H = c.num_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
-    auto w = [&](const char* name, Shape s, double sd) { map[name] = randn(s, DType::kBF16, seed++, sd); };
+    auto w = [&](const char* name, Shape s, double stddev) { map[name] = randn(s, DType::kBF16, seed++, stddev); };
     auto norm = [&](const char* name, int64_t n) {
       Tensor t = randn({n}, DType::kBF16, seed++, 0.1);
       for (int64_t i = 0; i < n; ++i) set(t, i, 1.0 + get(t, i));
       map[name] = t;
     };
     if (c.q_lora_rank) {
-      w("q_a_proj.weight", {c.q_lora_rank, c.hidden_size}, 0.2);
+      w("q_a_proj.weight", {c.q_lora_rank, c.hidden_size}, sd);
       norm("q_a_layernorm.weight", c.q_lora_rank);
-      w("q_b_proj.weight", {H * (dn + dr), c.q_lora_rank}, 0.2);
+      w("q_b_proj.weight", {H * (dn + dr), c.q_lora_rank}, sd);
     } else {
-      w("q_proj.weight", {H * (dn + dr), c.hidden_size}, 0.2);
+      w("q_proj.weight", {H * (dn + dr), c.hidden_size}, sd);
     }
-    w("kv_a_proj_with_mqa.weight", {c.kv_lora_rank + dr, c.hidden_size}, 0.2);
+    w("kv_a_proj_with_mqa.weight", {c.kv_lora_rank + dr, c.hidden_size}, sd);
     norm("kv_a_layernorm.weight", c.kv_lora_rank);
-    w("kv_b_proj.weight", {H * (dn + dv), c.kv_lora_rank}, 0.2);
-    w("o_proj.weight", {c.hidden_size, H * dv}, 0.2);
+    w("kv_b_proj.weight", {H * (dn + dv), c.kv_lora_rank}, sd);
+    w("o_proj.weight", {c.hidden_size, H * dv}, sd);
   }
 };
 
