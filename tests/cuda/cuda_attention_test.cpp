@@ -29,7 +29,8 @@ struct AttnInputs {
   int64_t Dv() const { return cpu[4].size(2); }
 };
 
-AttnInputs make_inputs(const std::vector<Tensor>& host_buffers, const std::function<Views(const std::vector<Tensor>&)>& views) {
+AttnInputs make_inputs(const std::vector<Tensor>& host_buffers,
+                       const std::function<Views(const std::vector<Tensor>&)>& views) {
   std::vector<Tensor> dev;
   for (const Tensor& b : host_buffers) dev.push_back(to_gpu(b));
   return {views(host_buffers), views(dev)};
@@ -74,7 +75,9 @@ AttnInputs plain_inputs(int64_t T, int64_t H, int64_t S, int64_t Da, int64_t Db,
                      [](const std::vector<Tensor>& b) { return Views{b[0], b[1], b[2], b[3], b[4]}; });
 }
 
-float default_scale(const AttnInputs& in) { return static_cast<float>(1.5 / std::sqrt(static_cast<double>(in.qk_dim()))); }
+float default_scale(const AttnInputs& in) {
+  return static_cast<float>(1.5 / std::sqrt(static_cast<double>(in.qk_dim())));
+}
 
 void call(const Views& v, const Tensor& out, float scale, int64_t q_start, void* stream = nullptr) {
   ops::mla_attention(v[0], v[1], v[2], v[3], v[4], out, scale, q_start, Stream{Device::cuda(0), stream});
@@ -153,8 +156,9 @@ TEST(CudaAttention, WideValueHeadsAndSingleHead) {
   // query head; Dv past the tensor-core kernel's 512 and a separate 512-wide v (the CUDA-core
   // kernel takes those).
   struct Case { int64_t T, H, S, Da, Db, Dv, hv; };
-  for (const Case& c : {Case{9, 4, 130, 128, 64, 200, 4}, Case{5, 6, 70, 128, 64, 384, 1}, Case{33, 1, 40, 16, 8, 24, 1},
-                        Case{2, 4, 90, 520, 8, 520, 1}, Case{3, 4, 150, 512, 64, 512, 1}}) {
+  for (const Case& c : {Case{9, 4, 130, 128, 64, 200, 4}, Case{5, 6, 70, 128, 64, 384, 1},
+                        Case{33, 1, 40, 16, 8, 24, 1}, Case{2, 4, 90, 520, 8, 520, 1},
+                        Case{3, 4, 150, 512, 64, 512, 1}}) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " Dv " << c.Dv << " H " << c.H);
     const AttnInputs in = plain_inputs(c.T, c.H, c.S, c.Da, c.Db, c.Dv, 1, 1, c.hv, DType::kBF16, DType::kBF16, seed);
@@ -201,7 +205,8 @@ TEST(CudaAttention, SequencesWriteTheirRowsOfOneOutputOnly) {
   row = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const auto [n, S] = seqs[i];
-    EXPECT_LT(rel_error(got.slice(0, row, row + n).slice(2, 0, Dc), refs[i]), attention_tolerance(DType::kBF16, Dc + Dr, S))
+    EXPECT_LT(rel_error(got.slice(0, row, row + n).slice(2, 0, Dc), refs[i]),
+              attention_tolerance(DType::kBF16, Dc + Dr, S))
         << "sequence " << i;
     row += n;
   }
@@ -213,7 +218,8 @@ TEST(CudaAttention, DeterministicAndCapturableInAGraph) {
   // Long decode (key splits + combine, scratch from the stream-ordered pool) and a prefill.
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
-  for (const AttnInputs& in : {decode_inputs(2, 16, 3000, 512, 64, seed), prefill_inputs(70, 4, 70, 128, 64, 128, seed + 1)}) {
+  for (const AttnInputs& in :
+       {decode_inputs(2, 16, 3000, 512, 64, seed), prefill_inputs(70, 4, 70, 128, 64, 128, seed + 1)}) {
     const float scale = default_scale(in);
     const int64_t q_start = in.S() - in.T();
     cudaStream_t stream = nullptr;

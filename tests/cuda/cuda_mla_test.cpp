@@ -103,7 +103,8 @@ TEST_F(CudaMla, PrefillThenAbsorbedDecodeMatchCpuAndFp64LdOffAndOn) {
       EXPECT_LT(rel_error(outs[i], ref), kMlaTolerance);
       EXPECT_LT(rel_error(outs[i].slice(0, 0, prompt), to_doubles(outs[0].slice(0, 0, prompt))), kCpuCudaTolerance)
           << "prefill vs the CPU module";
-      EXPECT_LT(rel_error(outs[i].slice(0, prompt, rows), to_doubles(outs[0].slice(0, prompt, rows))), kCpuCudaTolerance)
+      EXPECT_LT(rel_error(outs[i].slice(0, prompt, rows), to_doubles(outs[0].slice(0, prompt, rows))),
+                kCpuCudaTolerance)
           << "decode steps vs the CPU module";
     }
   }

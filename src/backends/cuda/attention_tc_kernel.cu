@@ -303,7 +303,8 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
         const float alpha = exp2f(m_old - m_use);
 #pragma unroll
         for (int i = 0; i < 4; ++i) lo[i] = p[i] - __bfloat162float(__float2bfloat16_rn(p[i]));
-        *reinterpret_cast<uint2*>(Ph + r * kProbLd + sub * 4) = make_uint2(pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]));
+        *reinterpret_cast<uint2*>(Ph + r * kProbLd + sub * 4) =
+            make_uint2(pack_bf16(p[0], p[1]), pack_bf16(p[2], p[3]));
         *reinterpret_cast<uint2*>(Pl + r * kProbLd + sub * 4) =
             make_uint2(pack_bf16(lo[0], lo[1]), pack_bf16(lo[2], lo[3]));
         __syncwarp();  // every lane has read the row's old statistics
