@@ -142,6 +142,8 @@ inline std::vector<double> ref_gemm(const Tensor& x, const Tensor& w, const Tens
   return ref_gemm_dense(x, to_doubles(w), w.size(0), bias);
 }
 
+inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
 // Bit-exact comparison of two CPU tensors of the same shape and dtype (any strides).
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;

@@ -3,6 +3,9 @@
 
 #include "backends/cpu/attention.h"
 #include "core/tensor_checks.h"
+#if defined(LOCUS_WITH_CUDA)
+#include "backends/cuda/cuda_attention.h"
+#endif
 
 namespace locus::ops {
 namespace {
@@ -48,7 +51,11 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
     cpu::mla_attention(q_a, q_b, k_a, k_b, v, out, scale, q_start, cpu::ThreadPool::from_native(stream.native));
     return;
   }
-  LOCUS_THROW(op, ": no kernel for device ", q_a.device().name(), " in this build (CPU only so far)");
+#if defined(LOCUS_WITH_CUDA)
+  cuda::mla_attention(q_a, q_b, k_a, k_b, v, out, scale, q_start, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", q_a.device().name(), " but this build has no CUDA backend");
+#endif
 }
 
 }  // namespace locus::ops

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "core/device_hooks.h"
-#include "cuda_module_test_util.h"
+#include "cuda_locality_util.h"
 #include "cuda_test_util.h"
 #include "modules/gated_mlp.h"
 #include "modules/linear.h"
@@ -23,7 +23,7 @@ class CudaModules : public ::testing::Test {
  protected:
   void SetUp() override {
     LOCUS_REQUIRE_GPU();
-    ld_.init();
+    ld_ = CudaLocality::emulated(2);
   }
   ModuleContext ctx(const std::string& name, bool ld, Device d) const { return ld_.ctx(name, ld, d); }
   static Tensor run(const Linear& l, const Tensor& x, int64_t n) {
@@ -43,7 +43,7 @@ class CudaModules : public ::testing::Test {
     s.data<float>()[0] = v;
     return s;
   }
-  CudaLdSetup ld_;
+  CudaLocality ld_;
 };
 
 TEST_F(CudaModules, Bf16LinearLdOnOffCpuAndFp64AgreeAndReloadKeepsPointers) {

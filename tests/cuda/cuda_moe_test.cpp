@@ -14,7 +14,7 @@
 #include <random>
 #include <tuple>
 
-#include "cuda_module_test_util.h"
+#include "cuda_locality_util.h"
 #include "cuda_test_util.h"
 #include "modules/moe.h"
 #include "modules/moe_test_util.h"
@@ -401,7 +401,7 @@ class CudaMoe : public ::testing::Test {
  protected:
   void SetUp() override {
     LOCUS_REQUIRE_GPU();
-    ld_.init();
+    ld_ = CudaLocality::emulated(2);
   }
   modules::ModuleContext ctx(bool ld, Device d) const { return ld_.ctx("model.layers.3.mlp", ld, d); }
   static MoeConfig config(locality::QuantKind quant) {
@@ -430,7 +430,7 @@ class CudaMoe : public ::testing::Test {
   // routing is not a near-tie.
   void compare(const MoeConfig& c, const modules::WeightMap& pieces, const MoeWeights& w, uint64_t seed);
 
-  CudaLdSetup ld_;
+  CudaLocality ld_;
 };
 
 void CudaMoe::compare(const MoeConfig& c, const modules::WeightMap& pieces, const MoeWeights& w, uint64_t seed) {

@@ -32,8 +32,6 @@ inline Tensor fetch(const Tensor& t) {
   return t.to(Device::cpu());
 }
 
-inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
-
 // SwiGLU over a [M, 2I] fp64 gate/up product.
 inline std::vector<double> ref_swiglu(const std::vector<double>& gu, int64_t M, int64_t I) {
   std::vector<double> out(static_cast<size_t>(M * I));

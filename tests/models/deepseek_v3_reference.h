@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"  // silu
+
 namespace locus::testing {
 
 struct RefConfig {
@@ -56,8 +58,6 @@ inline Vec rmsnorm(const Vec& x, int64_t rows, int64_t dim, const Vec& w, double
   }
   return y;
 }
-
-inline double silu(double v) { return v / (1.0 + std::exp(-v)); }
 
 inline double yarn_get_mscale(double scale, double mscale) {
   return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;

@@ -68,8 +68,6 @@ inline Mat ref_linear(const Mat& x, const Mat& w, const std::vector<double>& bia
   return y;
 }
 
-inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
-
 // silu(x g^T) * (x u^T)
 inline Mat ref_swiglu(const Mat& x, const Mat& gate, const Mat& up) {
   Mat g = ref_linear(x, gate), u = ref_linear(x, up);

@@ -1,0 +1,74 @@
+// Internal to the CUDA backend: the MLA attention kernels (ops/attention.h has the contract) and
+// their host-side launchers. cuda_attention.cpp turns tensors into MlaAttentionArgs, picks a
+// kernel and plans the key splits; the kernels live in the attention_*.cu files.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace locus::cuda::detail {
+
+// One [rows, heads, dim] operand: element pointer of (0, 0, 0) and its strides in elements.
+// A head stride of 0 makes every query head read head 0 (the operand's one shared head).
+struct AttnOperand {
+  const void* ptr = nullptr;
+  int64_t row_stride = 0, head_stride = 0;
+  bool f32 = false;  // fp32 elements, else bf16
+};
+
+struct MlaAttentionArgs {
+  AttnOperand q_a, q_b, k_a, k_b, v;
+  void* out = nullptr;
+  int64_t out_row_stride = 0, out_head_stride = 0;
+  bool out_f32 = false;
+  int64_t T = 0, H = 0, S = 0;  // query tokens, query heads, keys
+  int Da = 0, Db = 0, Dv = 0;
+  int64_t q_start = 0;
+  float scale = 1.f;
+  // The tensor-core kernel reads v's tile from k_a's (v and k_a are one view: the absorbed
+  // decode's latent cache).
+  bool v_is_k_a = false;
+  // Query rows that share one K/V head form a group: all T*H rows when k_a, k_b and v have one
+  // shared head (absorbed decode), else one group of T rows per query head.
+  bool per_head_groups = false;
+};
+
+// Scores are kept in the log2 domain (scale * log2(e)) so the softmax uses exp2.
+constexpr float kAttnLog2e = 1.4426950408889634f;
+
+// Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device (the
+// limit only grows, so concurrent launches with smaller needs stay valid).
+void raise_dynamic_smem_limit(const void* kernel, int bytes);
+
+// ---- tensor-core kernel (bf16 inputs): flash attention with an online softmax in fp32 ----
+
+// Dynamic shared memory the tensor-core kernel needs for these dims, or 0 when it does not
+// apply (an fp32 input, Dv > 512). The caller also compares it with the device's limit.
+int attn_tc_smem_bytes(const MlaAttentionArgs& a);
+// Resident CTAs per SM of the tensor-core kernel for these dims (occupancy query, cached).
+int attn_tc_ctas_per_sm(const MlaAttentionArgs& a, int device);
+// Query rows per CTA and keys per tile of the tensor-core kernel (the split planner's units).
+constexpr int kAttnTcRows = 64;
+constexpr int kAttnTcKeys = 32;
+
+// Key splits (flash-decoding): CTA split z covers keys [z * split_keys, (z + 1) * split_keys).
+// With splits == 1 the kernel writes `out`; otherwise it writes unnormalized partial sums to
+// `partial_o` [splits][T*H][Dv] and (running max, sum) to `partial_ml` [splits][T*H][2], and
+// launch_attn_combine merges them into `out` in a fixed order.
+struct AttnSplit {
+  int splits = 1;
+  int64_t split_keys = 0;  // a multiple of kAttnTcKeys
+  float* partial_o = nullptr;
+  float* partial_ml = nullptr;
+};
+void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_bytes, cudaStream_t stream);
+void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
+constexpr int kAttnMaxSplits = 256;
+
+// ---- CUDA-core kernel: any dtypes and dims, one warp per (token, head) ----
+
+// Dynamic shared memory it needs (fp32 query and accumulator rows of its warps).
+int attn_simt_smem_bytes(const MlaAttentionArgs& a);
+void launch_attn_simt(const MlaAttentionArgs& a, cudaStream_t stream);
+
+}  // namespace locus::cuda::detail

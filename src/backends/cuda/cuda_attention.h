@@ -1,0 +1,16 @@
+// MLA attention on the CUDA backend, called by ops::mla_attention (ops/attention.h has the
+// contract; the op validates the operands before dispatching here). `stream` is a cudaStream_t
+// (nullptr = the legacy default stream). Asynchronous and capturable in a CUDA graph: scratch
+// for key splits comes from the stream-ordered pool, nothing synchronizes with the host.
+// No CUDA header is included here, so host code in other layers can include this file.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace locus::cuda {
+
+void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
+                   const Tensor& out, float scale, int64_t q_start, void* stream);
+
+}  // namespace locus::cuda
