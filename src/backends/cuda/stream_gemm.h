@@ -50,8 +50,9 @@ struct StreamGemmPart {
   int32_t domain = 0;                   // the domain whose SMs own it
   // Filled by launch_stream_gemm:
   int32_t tiles = 0;                    // ceil(rows / 16) per batch entry
+  int32_t groups = 0;                   // row groups (several tiles streamed together) per batch entry
   int32_t unit_begin = 0;               // its first unit in its domain's queue
-  int32_t tile_base = 0;                // its first tile counter
+  int32_t tile_base = 0;                // its first row-group counter
   int64_t partial_base = 0;             // its first partial-tile slot
 };
 

@@ -56,46 +56,52 @@ __device__ __forceinline__ uint32_t lds16(uint32_t addr) {
   return v;
 }
 
-// One work unit: chunks [c0, c0 + n) of one tile-half of one batch entry of one part.
+// One work unit: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
+// (gate or up) of one batch entry of one part.
 struct Unit {
-  int32_t part, batch, tile, half, s, c0, n, pad;
+  int32_t part, batch, group, half, s, c0, n, pad;
 };
 
-// A stage holds one chunk: the weights (kWeightBytes), then the activations of rows m < M, each
-// kXRowBytes, at offset (m * 4 + t) * (kXRowBytes / 4) for lane t's K quarter.
+// A stage holds one chunk of a row group: its weights (kWeightBytes), then the activation rows
+// that exist (m < M), kXRowBytes each, lane t's K quarter of row m at (m * 4 + t) * kXRowBytes / 4.
+// Each lane reads back only what it copied itself, except the NVFP4 scale codes (a __syncwarp
+// orders those). A chunk covers several tiles so that each activation load serves them all and
+// the per-chunk bookkeeping is spread over more bytes.
 template <StreamWeight F>
 struct Format;
 
-// NVFP4: 16 rows x 64 K of one tile = 512 bytes (16 per lane) plus the tile's 64 bytes of scale
-// codes (2 per lane); each lane's activations are its token's 16 K values (one scale block).
+// NVFP4: 4 tiles x 64 K: per tile 512 bytes (16 per lane) and 64 bytes of scale codes (2 per
+// lane); each lane's activations are its token's 16 K values of the chunk (one scale block).
 template <>
 struct Format<StreamWeight::kNVFP4> {
+  static constexpr int kGroupTiles = 4;
   static constexpr int kChunkK = 64;
-  static constexpr int kWeightBytes = 512 + 64;
+  static constexpr int kWeightBytes = kGroupTiles * (512 + 64);
   static constexpr int kXRowBytes = 128;
   template <int MB>
   using XFrag = uint4[MB][2];
-  struct Chunk {
-    uint4 w;
-    uint32_t s;
-  };
   struct Source {
-    const uint8_t* w;   // the lane's 16 bytes in chunk 0 of the unit
-    const uint8_t* s;   // the unit's chunk-0 scale bytes (64 per chunk)
+    const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk 0 of the unit
+    const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-0 scale codes
   };
   __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Unit& u, int lane) {
-    const int64_t t = (static_cast<int64_t>(u.tile) + u.half * p.up_offset) * chunks + u.c0;
-    return {static_cast<const uint8_t*>(p.w) + (t * 32 + lane) * 16,
-            reinterpret_cast<const uint8_t*>(p.scales) + t * 64};
+    Source src;
+#pragma unroll
+    for (int r = 0; r < kGroupTiles; ++r) {
+      // Tiles past the part's end read its last tile (valid memory); their outputs are dropped.
+      const int tile = min(u.group * kGroupTiles + r, p.tiles - 1);
+      const int64_t at = (static_cast<int64_t>(tile) + u.half * p.up_offset) * chunks + u.c0;
+      src.w[r] = static_cast<const uint8_t*>(p.w) + (at * 32 + lane) * 16;
+    }
+    const int tile = min(u.group * kGroupTiles + (lane >> 2), p.tiles - 1);
+    const int64_t at = (static_cast<int64_t>(tile) + u.half * p.up_offset) * chunks + u.c0;
+    src.s = reinterpret_cast<const uint8_t*>(p.scales) + at * 64 + (lane & 3) * 16;
+    return src;
   }
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t, int lane) {
-    cp_async16(slot + lane * 16, src.w + static_cast<int64_t>(j) * 512, true);
-    if (lane < 4) cp_async16(slot + 512 + lane * 16, src.s + static_cast<int64_t>(j) * 64 + lane * 16, true);
-  }
-  __device__ static Chunk read(uint32_t slot, int lane) { return {lds128(slot + lane * 16), lds16(slot + 512 + lane * 2)}; }
-  template <int MB>
-  __device__ static void mma(const Chunk& c, const uint4 (&xv)[MB][2], float (&acc)[MB][4]) {
-    nvfp4_chunk_mma<MB>(c.w, c.s, xv, acc);
+#pragma unroll
+    for (int r = 0; r < kGroupTiles; ++r) cp_async16(slot + r * 512 + lane * 16, src.w[r] + static_cast<int64_t>(j) * 512, true);
+    if (lane < 4 * kGroupTiles) cp_async16(slot + kGroupTiles * 512 + lane * 16, src.s + static_cast<int64_t>(j) * 64, true);
   }
   template <int MB>
   __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB][2]) {
@@ -111,6 +117,13 @@ struct Format<StreamWeight::kNVFP4> {
       }
     }
   }
+  template <int MB>
+  __device__ static void mma(uint32_t slot, int lane, const uint4 (&xv)[MB][2], float (&acc)[kGroupTiles][MB][4]) {
+#pragma unroll
+    for (int r = 0; r < kGroupTiles; ++r)
+      nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
+                          acc[r]);
+  }
   // Lane t of row m copies K [64c + 16t, +16) of its token: two 16-byte pieces.
   __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
     const int64_t kb = k0 + 16 * t;
@@ -122,64 +135,95 @@ struct Format<StreamWeight::kNVFP4> {
   __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
 };
 
-// BF16: 16 rows x 32 K of the row-major weight: each lane's 8 K values (16 bytes) of row g and of
-// row g + 8, at the same K as its token's 8 activations.
+// BF16: 2 tiles x 64 K of the row-major weight: per tile and lane, 8 K values (16 bytes) of row
+// g and of row g + 8 at K k0 + 8t and again at k0 + 32 + 8t; the token's activations at the same K.
 template <>
 struct Format<StreamWeight::kBF16> {
-  static constexpr int kChunkK = 32;
-  static constexpr int kWeightBytes = 1024;
-  static constexpr int kXRowBytes = 64;
+  static constexpr int kGroupTiles = 2;
+  static constexpr int kChunkK = 64;
+  static constexpr int kWeightBytes = kGroupTiles * 2048;
+  static constexpr int kXRowBytes = 128;
   template <int MB>
-  using XFrag = uint4[MB];
-  struct Chunk {
-    uint4 lo, hi;
-  };
+  using XFrag = uint4[MB][2];
   struct Source {
-    const uint16_t* lo;  // row g, K of the lane's first value in chunk 0 of the unit
-    const uint16_t* hi;  // row g + 8
+    const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk 0
     int64_t k0;
   };
   __device__ static Source source(const StreamGemmPart& p, int32_t, const Unit& u, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    // Rows past the part's end read its last row (valid memory); their outputs are dropped.
-    const int64_t r_lo = min(u.tile * 16 + g, p.rows - 1) + u.half * p.up_offset;
-    const int64_t r_hi = min(u.tile * 16 + g + 8, p.rows - 1) + u.half * p.up_offset;
     const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK + 8 * t;
     const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride;
-    return {w + r_lo * p.ldw + k0, w + r_hi * p.ldw + k0, k0};
+    Source src;
+#pragma unroll
+    for (int r = 0; r < kGroupTiles; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Rows past the part's end read its last row (valid memory); their outputs are dropped.
+        const int64_t row = min((u.group * kGroupTiles + r) * 16 + g + 8 * h, p.rows - 1) + u.half * p.up_offset;
+        src.row[r][h] = w + row * p.ldw + k0;
+      }
+    src.k0 = k0;
+    return src;
   }
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
-    const bool valid = src.k0 + static_cast<int64_t>(j) * kChunkK < k;
-    cp_async16(slot + lane * 16, valid ? src.lo + j * kChunkK : src.lo, valid);
-    cp_async16(slot + 512 + lane * 16, valid ? src.hi + j * kChunkK : src.hi, valid);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {  // K quarter-pairs: k0 + 64j + 32q
+      const int64_t off = static_cast<int64_t>(j) * kChunkK + 32 * q;
+      const bool valid = src.k0 + off < k;
+#pragma unroll
+      for (int r = 0; r < kGroupTiles; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          cp_async16(slot + r * 2048 + (2 * h + q) * 512 + lane * 16, valid ? src.row[r][h] + off : src.row[r][h], valid);
+    }
   }
-  __device__ static Chunk read(uint32_t slot, int lane) { return {lds128(slot + lane * 16), lds128(slot + 512 + lane * 16)}; }
   template <int MB>
-  __device__ static void mma(const Chunk& c, const uint4 (&xv)[MB], float (&acc)[MB][4]) {
-    bf16_chunk_mma<MB>(c.lo, c.hi, xv, acc);
-  }
-  template <int MB>
-  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB]) {
+  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB][2]) {
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
       const int m = 8 * b + g;
-      xv[b] = m < m_count ? lds128(xslot + (m * 4 + t) * 16) : make_uint4(0, 0, 0, 0);
+      if (m < m_count) {
+        const uint32_t at = xslot + (m * 4 + t) * 32;
+        xv[b][0] = lds128(at);
+        xv[b][1] = lds128(at + 16);
+      } else {
+        xv[b][0] = xv[b][1] = make_uint4(0, 0, 0, 0);
+      }
     }
   }
+  template <int MB>
+  __device__ static void mma(uint32_t slot, int lane, const uint4 (&xv)[MB][2], float (&acc)[kGroupTiles][MB][4]) {
+#pragma unroll
+    for (int r = 0; r < kGroupTiles; ++r) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const uint4 lo = lds128(slot + r * 2048 + q * 512 + lane * 16);
+        const uint4 hi = lds128(slot + r * 2048 + (2 + q) * 512 + lane * 16);
+        uint4 xq[MB];
+#pragma unroll
+        for (int b = 0; b < MB; ++b) xq[b] = xv[b][q];
+        bf16_chunk_mma<MB>(lo, hi, xq, acc[r]);
+      }
+    }
+  }
+  // Lane t of row m copies K [64c + 8t, +8) and [64c + 32 + 8t, +8) of its token.
   __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
-    const int64_t kb = k0 + 8 * t;
-    const bool valid = kb < k;
-    cp_async16(xslot + (m * 4 + t) * 16, valid ? xrow + kb : xrow, valid);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int64_t kb = k0 + 32 * q + 8 * t;
+      const bool valid = kb < k;
+      cp_async16(xslot + (m * 4 + t) * 32 + 16 * q, valid ? xrow + kb : xrow, valid);
+    }
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
 };
 
-// Pipeline stages per warp: enough weight bytes in flight to cover the memory latency (about
-// 8 KB per warp) within a shared-memory budget that still fits a few CTAs per SM.
+// Pipeline stages per warp: about 8 KB of weights in flight per warp (enough, with a few warps
+// per SM, to cover the memory latency) within a shared-memory budget that fits several CTAs.
 template <StreamWeight F, int MB>
 constexpr int pipeline_stages() {
-  if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 16 : MB == 2 ? 10 : 6;
-  else return MB == 1 ? 8 : MB == 2 ? 6 : 4;
+  if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 6 : MB == 2 ? 5 : 4;
+  else return MB == 1 ? 4 : 3;
 }
 // Unit descriptors between the producer (ahead) and the consumer: at most one per stage, + 1.
 template <StreamWeight F, int MB>
@@ -240,77 +284,88 @@ __device__ __forceinline__ bool grab_unit(const Plan& pl, int num_domains, int h
   return false;
 }
 
-// The part, batch entry, tile, half and K range of unit `unit` of `domain`'s queue.
-template <int H>
+// The part, batch entry, row group, half and K range of unit `unit` of `domain`'s queue.
+template <StreamWeight F, int H>
 __device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit) {
   Unit u{};
   for (int q = 0; q < a.num_parts; ++q) {
     const StreamGemmPart& cand = a.parts[q];
-    if (cand.domain == domain && unit >= cand.unit_begin && unit < cand.unit_begin + cand.batch * cand.tiles * H * pl.splits) {
+    if (cand.domain == domain && unit >= cand.unit_begin && unit < cand.unit_begin + cand.batch * cand.groups * H * pl.splits) {
       u.part = q;
       break;
     }
   }
   const StreamGemmPart& p = a.parts[u.part];
-  // Units are split-major: consecutive units share a K range (and so the activations in L1/L2).
+  // Units are split-major: consecutive units share a K range (and so the activations in L2).
   const int local = unit - p.unit_begin;
-  const int tile_halves = p.batch * p.tiles * H;
-  u.s = local / tile_halves;
-  const int batch_tile = (local % tile_halves) / H;
-  u.batch = batch_tile / p.tiles;
-  u.tile = batch_tile % p.tiles;
+  const int group_halves = p.batch * p.groups * H;
+  u.s = local / group_halves;
+  const int batch_group = (local % group_halves) / H;
+  u.batch = batch_group / p.groups;
+  u.group = batch_group % p.groups;
   u.half = local % H;
   u.c0 = static_cast<int>(static_cast<int64_t>(pl.chunks) * u.s / pl.splits);
   u.n = static_cast<int>(static_cast<int64_t>(pl.chunks) * (u.s + 1) / pl.splits) - u.c0;
   return u;
 }
 
-// Adds a finished unit's sums into its tile: directly when the tile is one unit, else through the
-// partials, the tile's last unit adding them in unit order (deterministic) and writing y.
+// Adds a finished unit's sums into its row group: directly when the group is one unit, else
+// through the partials, the group's last unit adding them in unit order (deterministic) and
+// writing y.
 template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, const Unit& u, int lane,
-                                            const float (&acc)[MB][4]) {
+                                            const float (&acc)[Format<F>::kGroupTiles][MB][4]) {
+  constexpr int R = Format<F>::kGroupTiles;
   const StreamGemmPart& p = a.parts[u.part];
-  const int units_per_tile = H * pl.splits;
-  if (units_per_tile == 1) {
-    const float(&v)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(acc);
-    store_tile<F, MB, 1>(a, p, u.batch, u.tile, lane, v);
+  const int units_per_group = H * pl.splits;
+  if (units_per_group == 1) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float(&v)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(acc[r]);
+      store_tile<F, MB, 1>(a, p, u.batch, u.group * R + r, lane, v);
+    }
     return;
   }
-  const int batch_tile = u.batch * p.tiles + u.tile;
-  const int64_t tile_slot0 = p.partial_base + static_cast<int64_t>(batch_tile) * units_per_tile;
-  float4* mine = pl.partials + ((tile_slot0 + u.half * pl.splits + u.s) * MB) * 32;
+  const int batch_group = u.batch * p.groups + u.group;
+  const int64_t group_slot0 = p.partial_base + static_cast<int64_t>(batch_group) * units_per_group;
+  float4* mine = pl.partials + ((group_slot0 + u.half * pl.splits + u.s) * R * MB) * 32;
 #pragma unroll
-  for (int b = 0; b < MB; ++b) __stcg(mine + b * 32 + lane, make_float4(acc[b][0], acc[b][1], acc[b][2], acc[b][3]));
-  __threadfence();
-  __syncwarp();
-  unsigned* tile_counter = pl.counters + kTileCounters + p.tile_base + batch_tile;
-  unsigned arrived = 0;
-  if (lane == 0) arrived = atomicAdd(tile_counter, 1u);
-  arrived = __shfl_sync(kFull, arrived, 0);
-  if (arrived != static_cast<unsigned>(units_per_tile - 1)) return;
-  __threadfence();
-  float v[H][MB][4];
-#pragma unroll
-  for (int h = 0; h < H; ++h) {
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int b = 0; b < MB; ++b)
+      __stcg(mine + (r * MB + b) * 32 + lane, make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]));
+  __threadfence();
+  __syncwarp();
+  unsigned* counter = pl.counters + kTileCounters + p.tile_base + batch_group;
+  unsigned arrived = 0;
+  if (lane == 0) arrived = atomicAdd(counter, 1u);
+  arrived = __shfl_sync(kFull, arrived, 0);
+  if (arrived != static_cast<unsigned>(units_per_group - 1)) return;
+  __threadfence();
 #pragma unroll
-      for (int r = 0; r < 4; ++r) v[h][b][r] = 0.f;
-    for (int s2 = 0; s2 < pl.splits; ++s2) {
-      const float4* src = pl.partials + ((tile_slot0 + h * pl.splits + s2) * MB) * 32;
+  for (int r = 0; r < R; ++r) {
+    float v[H][MB][4];
 #pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        const float4 f = __ldcg(src + b * 32 + lane);
-        v[h][b][0] += f.x;
-        v[h][b][1] += f.y;
-        v[h][b][2] += f.z;
-        v[h][b][3] += f.w;
+    for (int h = 0; h < H; ++h) {
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[h][b][e] = 0.f;
+      for (int s2 = 0; s2 < pl.splits; ++s2) {
+        const float4* src = pl.partials + ((group_slot0 + h * pl.splits + s2) * R * MB) * 32;
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+          const float4 f = __ldcg(src + (r * MB + b) * 32 + lane);
+          v[h][b][0] += f.x;
+          v[h][b][1] += f.y;
+          v[h][b][2] += f.z;
+          v[h][b][3] += f.w;
+        }
       }
     }
+    store_tile<F, MB, H>(a, p, u.batch, u.group * R + r, lane, v);
   }
-  store_tile<F, MB, H>(a, p, u.batch, u.tile, lane, v);
-  if (lane == 0) *tile_counter = 0;  // ready for the next launch (graph replays too)
+  if (lane == 0) *counter = 0;  // ready for the next launch (graph replays too)
 }
 
 // Each warp runs a producer that walks its units' chunks STAGES - 1 ahead (cp.async into its
@@ -347,7 +402,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
   auto take_unit = [&]() -> bool {
     int domain = 0, unit = 0;
     if (!grab_unit(pl, a.num_domains, home, exhausted, domain, unit, lane)) return false;
-    pu = decode_unit<H>(a, pl, domain, unit);
+    pu = decode_unit<F, H>(a, pl, domain, unit);
     const StreamGemmPart& p = a.parts[pu.part];
     psrc = Fmt::source(p, pl.chunks, pu, lane);
     px = (p.x ? p.x : a.x) + pu.batch * p.x_batch_stride;
@@ -374,13 +429,16 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
   };
 
   if (take_unit()) {
+    constexpr int R = Fmt::kGroupTiles;
     Unit cu = pu;  // the consumer's unit
     int c_pos = 0, c_units = 0, consumed = 0;
-    float acc[MB][4];
+    float acc[R][MB][4];
 #pragma unroll
-    for (int b = 0; b < MB; ++b)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
     for (int i = 0; i < kStages - 1; ++i) produce();
     while (true) {
       __syncwarp();  // every lane has read the stage the producer refills next
@@ -390,14 +448,16 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
       const uint32_t slot = ring_base + (consumed % kStages) * pl.slot_bytes;
       typename Fmt::template XFrag<MB> xv;
       Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
-      Fmt::template mma<MB>(Fmt::read(slot, lane), xv, acc);
+      Fmt::template mma<MB>(slot, lane, xv, acc);
       ++consumed;
       if (++c_pos < cu.n) continue;
       finish_unit<F, MB, H>(a, pl, cu, lane, acc);
 #pragma unroll
-      for (int b = 0; b < MB; ++b)
+      for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
       if (++c_units == p_units && p_done) break;  // (the producer grabs STAGES - 1 chunks ahead)
       cu = units[c_units % kRing];
       c_pos = 0;
@@ -492,15 +552,17 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
-  int64_t tile_halves = 0;
+  constexpr int R = Format<F>::kGroupTiles;
+  int64_t group_halves = 0;
   for (int i = 0; i < a.num_parts; ++i) {
     a.parts[i].tiles = (a.parts[i].rows + 15) / 16;
-    tile_halves += static_cast<int64_t>(a.parts[i].batch) * a.parts[i].tiles * H;
+    a.parts[i].groups = (a.parts[i].tiles + R - 1) / R;
+    group_halves += static_cast<int64_t>(a.parts[i].batch) * a.parts[i].groups * H;
   }
   // S: a few units per resident warp; every unit at least one chunk.
   const int upw = g_units_per_warp.load() > 0 ? g_units_per_warp.load() : 2;
   const int64_t target_units = static_cast<int64_t>(max_blocks) * kWarps * upw;
-  int64_t splits = (target_units + tile_halves / 2) / std::max<int64_t>(tile_halves, 1);
+  int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
   splits = std::clamp<int64_t>(splits, 1, chunks);
 
   Plan pl{};
@@ -510,11 +572,11 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   for (int i = 0; i < a.num_parts; ++i) {
     StreamGemmPart& p = a.parts[i];
     p.unit_begin = pl.units[p.domain];
-    const int64_t units = static_cast<int64_t>(p.batch) * p.tiles * H * splits;
+    const int64_t units = static_cast<int64_t>(p.batch) * p.groups * H * splits;
     LOCUS_CHECK(pl.units[p.domain] + units < (1LL << 30), "streaming GEMM: too many work units");
     pl.units[p.domain] += static_cast<int32_t>(units);
     p.tile_base = static_cast<int32_t>(tiles_total);
-    tiles_total += static_cast<int64_t>(p.batch) * p.tiles;
+    tiles_total += static_cast<int64_t>(p.batch) * p.groups;
     p.partial_base = slots_total;
     if (H * splits > 1) slots_total += units;
   }
@@ -523,7 +585,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, (all_units + kWarps - 1) / kWarps));
   pl.total_warps = blocks * kWarps;
   Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(tiles_total),
-                          std::max<size_t>(1, static_cast<size_t>(slots_total) * MB * 32));
+                          std::max<size_t>(1, static_cast<size_t>(slots_total) * R * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
