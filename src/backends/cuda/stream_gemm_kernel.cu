@@ -17,7 +17,7 @@
 namespace locus::cuda::detail {
 namespace {
 
-constexpr int kWarps = 4;  // per CTA; warps work independently, each with its own pipeline
+constexpr int kWarps = 4;  // per CTA: each streams a quarter of the CTA's unit with its own pipeline
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // Per-launch constants computed on the host.
@@ -27,8 +27,9 @@ struct Plan {
   int32_t units[kStreamGemmMaxDomains];  // queue length per domain
   unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][tile counters...]
   float4* partials;    // [slot][MB][32 lanes]
-  int32_t total_warps;
+  int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
+  int32_t ring_bytes;  // one warp's stages (also its quarter sums after a unit)  // one pipeline stage: the chunk's weights, then its activation rows
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -226,14 +227,6 @@ constexpr int pipeline_stages() {
   else return MB == 1 ? 4 : 3;
 }
 // Unit descriptors between the producer (ahead) and the consumer: at most one per stage, + 1.
-template <StreamWeight F, int MB>
-constexpr int unit_ring() {
-  return pipeline_stages<F, MB>() + 1;
-}
-template <StreamWeight F, int MB>
-constexpr int warp_extra_bytes() {
-  return unit_ring<F, MB>() * static_cast<int>(sizeof(Unit));
-}
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
@@ -309,80 +302,69 @@ __device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan&
   return u;
 }
 
-// Adds a finished unit's sums into its row group: directly when the group is one unit, else
-// through the partials, the group's last unit adding them in unit order (deterministic) and
-// writing y.
-template <StreamWeight F, int MB, int H>
-__device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, const Unit& u, int lane,
-                                            const float (&acc)[Format<F>::kGroupTiles][MB][4]) {
-  constexpr int R = Format<F>::kGroupTiles;
+// Streams chunks [c0, c1) of unit u through this warp's cp.async ring (STAGES - 1 chunks ahead)
+// into acc.
+template <StreamWeight F, int MB>
+__device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, const Unit& u, int c0, int c1,
+                                            uint32_t ring, int lane, float (&acc)[Format<F>::kGroupTiles][MB][4]) {
+  using Fmt = Format<F>;
+  constexpr int kStages = pipeline_stages<F, MB>();
+  const int g = lane >> 2, t = lane & 3;
   const StreamGemmPart& p = a.parts[u.part];
-  const int units_per_group = H * pl.splits;
-  if (units_per_group == 1) {
+  Unit from = u;
+  from.c0 = c0;
+  const typename Fmt::Source src = Fmt::source(p, pl.chunks, from, lane);
+  const uint16_t* x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
+  const int n = c1 - c0;
+  auto issue = [&](int j) {  // chunk j of the range into stage j % kStages; always one commit group
+    if (j < n) {
+      const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
+      Fmt::issue_weights(slot, src, j, a.k, lane);
+      const int64_t k0 = static_cast<int64_t>(c0 + j) * Fmt::kChunkK;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float(&v)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(acc[r]);
-      store_tile<F, MB, 1>(a, p, u.batch, u.group * R + r, lane, v);
-    }
-    return;
-  }
-  const int batch_group = u.batch * p.groups + u.group;
-  const int64_t group_slot0 = p.partial_base + static_cast<int64_t>(batch_group) * units_per_group;
-  float4* mine = pl.partials + ((group_slot0 + u.half * pl.splits + u.s) * R * MB) * 32;
-#pragma unroll
-  for (int r = 0; r < R; ++r)
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-      __stcg(mine + (r * MB + b) * 32 + lane, make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]));
-  __threadfence();
-  __syncwarp();
-  unsigned* counter = pl.counters + kTileCounters + p.tile_base + batch_group;
-  unsigned arrived = 0;
-  if (lane == 0) arrived = atomicAdd(counter, 1u);
-  arrived = __shfl_sync(kFull, arrived, 0);
-  if (arrived != static_cast<unsigned>(units_per_group - 1)) return;
-  __threadfence();
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float v[H][MB][4];
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[h][b][e] = 0.f;
-      for (int s2 = 0; s2 < pl.splits; ++s2) {
-        const float4* src = pl.partials + ((group_slot0 + h * pl.splits + s2) * R * MB) * 32;
-#pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          const float4 f = __ldcg(src + (r * MB + b) * 32 + lane);
-          v[h][b][0] += f.x;
-          v[h][b][1] += f.y;
-          v[h][b][2] += f.z;
-          v[h][b][3] += f.w;
-        }
+      for (int b = 0; b < MB; ++b) {
+        const int m = 8 * b + g;
+        if (m < a.m) Fmt::issue_x(slot + Fmt::kWeightBytes, x + m * a.x_ld, k0, a.k, m, t);
       }
     }
-    store_tile<F, MB, H>(a, p, u.batch, u.group * R + r, lane, v);
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  for (int j = 0; j < n; ++j) {
+    __syncwarp();  // every lane has read the stage that is refilled next
+    issue(j + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
+    const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
+    typename Fmt::template XFrag<MB> xv;
+    Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
+    Fmt::template mma<MB>(slot, lane, xv, acc);
   }
-  if (lane == 0) *counter = 0;  // ready for the next launch (graph replays too)
+  cp_async_wait<0>();
+  __syncwarp();
 }
 
-// Each warp runs a producer that walks its units' chunks STAGES - 1 ahead (cp.async into its
-// shared-memory ring, taking the next unit from the queue when one runs out) and a consumer that
-// reads a landed chunk, multiplies it into the accumulators and finishes each unit at its end.
+// Each CTA takes one unit at a time (a row group's K range, own domain first), its warps split
+// the range four ways and stream their quarters, the quarters are added in shared memory in warp
+// order, and warp r writes tile r of the group: directly when the group is one unit, else as a
+// partial that the group's last unit adds in unit order (deterministic either way).
 template <StreamWeight F, int MB, int H>
 __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
                                                                    const __grid_constant__ Plan pl) {
   using Fmt = Format<F>;
   constexpr int kStages = pipeline_stages<F, MB>();
-  constexpr int kRing = unit_ring<F, MB>();
+  constexpr int R = Fmt::kGroupTiles;
+  static_assert(R <= kWarps, "one warp per tile in the reduction");
   extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ int s_domain, s_unit;
+  __shared__ unsigned s_arrived;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const uint32_t ring_base =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * kStages * pl.slot_bytes;
-  Unit* units = reinterpret_cast<Unit*>(smem + kWarps * kStages * pl.slot_bytes) + warp * kRing;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
+  // After a unit's pipelines drain, each warp's ring holds its quarter sums for the reduction.
+  auto quarter = [&](int w, int r, int b) {
+    return reinterpret_cast<float4*>(smem + w * pl.ring_bytes) + (r * MB + b) * 32;
+  };
 
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -391,47 +373,29 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
     const uint8_t d = smid < 1024 ? a.sm_domain[smid] : kNoDomain;
     home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
   }
-  unsigned exhausted = 0;
-
-  // Producer state.
-  Unit pu{};
-  typename Fmt::Source psrc{};
-  const uint16_t* px = nullptr;  // the unit's activations (row 0)
-  int p_pos = 0, p_units = 0, issued = 0;
-  bool p_done = false;
-  auto take_unit = [&]() -> bool {
-    int domain = 0, unit = 0;
-    if (!grab_unit(pl, a.num_domains, home, exhausted, domain, unit, lane)) return false;
-    pu = decode_unit<F, H>(a, pl, domain, unit);
-    const StreamGemmPart& p = a.parts[pu.part];
-    psrc = Fmt::source(p, pl.chunks, pu, lane);
-    px = (p.x ? p.x : a.x) + pu.batch * p.x_batch_stride;
-    if (lane == 0) units[p_units % kRing] = pu;
-    ++p_units;
-    p_pos = 0;
-    return true;
-  };
-  auto produce = [&]() {
-    if (!p_done && p_pos == pu.n) p_done = !take_unit();
-    if (!p_done) {
-      const uint32_t slot = ring_base + (issued % kStages) * pl.slot_bytes;
-      Fmt::issue_weights(slot, psrc, p_pos, a.k, lane);
-      const int64_t k0 = static_cast<int64_t>(pu.c0 + p_pos) * Fmt::kChunkK;
-#pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        const int m = 8 * b + g;
-        if (m < a.m) Fmt::issue_x(slot + Fmt::kWeightBytes, px + m * a.x_ld, k0, a.k, m, t);
+  unsigned exhausted = 0;  // (thread 0's)
+  const int units_per_group = H * pl.splits;
+  while (true) {
+    if (threadIdx.x == 0) {
+      s_domain = -1;
+      for (int i = 0; i < a.num_domains; ++i) {
+        int d = home + i;
+        if (d >= a.num_domains) d -= a.num_domains;
+        if ((exhausted >> d) & 1u) continue;
+        const unsigned u = atomicAdd(pl.counters + d, 1u);
+        if (u < static_cast<unsigned>(pl.units[d])) {
+          s_domain = d;
+          s_unit = static_cast<int>(u);
+          break;
+        }
+        exhausted |= 1u << d;
       }
-      ++p_pos;
-      ++issued;
     }
-    cp_async_commit();  // one group per call (empty once the queue is dry) keeps the wait count exact
-  };
+    __syncthreads();
+    if (s_domain < 0) break;
+    const Unit u = decode_unit<F, H>(a, pl, s_domain, s_unit);
+    const StreamGemmPart& p = a.parts[u.part];
 
-  if (take_unit()) {
-    constexpr int R = Fmt::kGroupTiles;
-    Unit cu = pu;  // the consumer's unit
-    int c_pos = 0, c_units = 0, consumed = 0;
     float acc[R][MB][4];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -439,35 +403,85 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-    for (int i = 0; i < kStages - 1; ++i) produce();
-    while (true) {
-      __syncwarp();  // every lane has read the stage the producer refills next
-      produce();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();  // stages and unit descriptors written by other lanes are visible
-      const uint32_t slot = ring_base + (consumed % kStages) * pl.slot_bytes;
-      typename Fmt::template XFrag<MB> xv;
-      Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
-      Fmt::template mma<MB>(slot, lane, xv, acc);
-      ++consumed;
-      if (++c_pos < cu.n) continue;
-      finish_unit<F, MB, H>(a, pl, cu, lane, acc);
+    const int wc0 = u.c0 + u.n * warp / kWarps, wc1 = u.c0 + u.n * (warp + 1) / kWarps;
+    if (wc1 > wc0) warp_stream<F, MB>(a, pl, u, wc0, wc1, ring, lane, acc);
 #pragma unroll
-      for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b) *(quarter(warp, r, b) + lane) = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+    __syncthreads();
+
+    // Warp r owns tile r of the group: the unit's sum over the four quarters, in warp order.
+    float v[MB][4];
+    if (warp < R) {
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        float4 sum = *(quarter(0, warp, b) + lane);
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) {
+          const float4 q = *(quarter(w, warp, b) + lane);
+          sum.x += q.x;
+          sum.y += q.y;
+          sum.z += q.z;
+          sum.w += q.w;
+        }
+        v[b][0] = sum.x;
+        v[b][1] = sum.y;
+        v[b][2] = sum.z;
+        v[b][3] = sum.w;
+      }
+    }
+    const int tile = u.group * R + warp;
+    if (units_per_group == 1) {
+      if (warp < R) {
+        const float(&vv)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(v);
+        store_tile<F, MB, 1>(a, p, u.batch, tile, lane, vv);
+      }
+      __syncthreads();  // the rings are refilled by the next unit
+      continue;
+    }
+    const int batch_group = u.batch * p.groups + u.group;
+    const int64_t group_slot0 = p.partial_base + static_cast<int64_t>(batch_group) * units_per_group;
+    if (warp < R) {
+      float4* mine = pl.partials + ((group_slot0 + u.half * pl.splits + u.s) * R + warp) * MB * 32;
+#pragma unroll
+      for (int b = 0; b < MB; ++b) __stcg(mine + b * 32 + lane, make_float4(v[b][0], v[b][1], v[b][2], v[b][3]));
+      __threadfence();
+    }
+    __syncthreads();
+    unsigned* counter = pl.counters + kTileCounters + p.tile_base + batch_group;
+    if (threadIdx.x == 0) s_arrived = atomicAdd(counter, 1u);
+    __syncthreads();
+    if (s_arrived == static_cast<unsigned>(units_per_group - 1) && warp < R) {
+      __threadfence();
+      float sum[H][MB][4];
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
 #pragma unroll
         for (int b = 0; b < MB; ++b)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-      if (++c_units == p_units && p_done) break;  // (the producer grabs STAGES - 1 chunks ahead)
-      cu = units[c_units % kRing];
-      c_pos = 0;
+          for (int e = 0; e < 4; ++e) sum[h][b][e] = 0.f;
+        for (int s2 = 0; s2 < pl.splits; ++s2) {
+          const float4* src = pl.partials + ((group_slot0 + h * pl.splits + s2) * R + warp) * MB * 32;
+#pragma unroll
+          for (int b = 0; b < MB; ++b) {
+            const float4 f = __ldcg(src + b * 32 + lane);
+            sum[h][b][0] += f.x;
+            sum[h][b][1] += f.y;
+            sum[h][b][2] += f.z;
+            sum[h][b][3] += f.w;
+          }
+        }
+      }
+      store_tile<F, MB, H>(a, p, u.batch, tile, lane, sum);
+      if (warp == 0 && lane == 0) *counter = 0;  // ready for the next launch (graph replays too)
     }
+    __syncthreads();
   }
-  cp_async_wait<0>();
-  // The last warp out resets the unit counters for the next launch.
-  if (lane == 0) {
+  // The last CTA out resets the unit counters for the next launch.
+  if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(pl.counters + kDoneCounter, 1u) == static_cast<unsigned>(pl.total_warps - 1)) {
+    if (atomicAdd(pl.counters + kDoneCounter, 1u) == static_cast<unsigned>(pl.total_ctas - 1)) {
       for (int d = 0; d < kStreamGemmMaxDomains; ++d) pl.counters[d] = 0;
       pl.counters[kDoneCounter] = 0;
       __threadfence();
@@ -520,7 +534,7 @@ int sm_count_for(cudaStream_t stream) {
   return sms;
 }
 
-std::atomic<int> g_units_per_warp{0};
+std::atomic<int> g_units_per_cta{0};
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
 template <StreamWeight F, int MB, int H>
@@ -548,7 +562,9 @@ template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
-  const int smem_bytes = kWarps * (pipeline_stages<F, MB>() * slot_bytes + warp_extra_bytes<F, MB>());
+  // (A warp's ring also holds its quarter sums after the unit: R * MB * 32 float4.)
+  const int ring_bytes = std::max(pipeline_stages<F, MB>() * slot_bytes, Format<F>::kGroupTiles * MB * 512);
+  const int smem_bytes = kWarps * ring_bytes;
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
@@ -559,11 +575,11 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
     a.parts[i].groups = (a.parts[i].tiles + R - 1) / R;
     group_halves += static_cast<int64_t>(a.parts[i].batch) * a.parts[i].groups * H;
   }
-  // S: a few units per resident warp; every unit at least one chunk.
-  const int upw = g_units_per_warp.load() > 0 ? g_units_per_warp.load() : 2;
-  const int64_t target_units = static_cast<int64_t>(max_blocks) * kWarps * upw;
+  // S: about `upc` units per resident CTA; each warp's quarter of a unit at least one chunk.
+  const int upc = g_units_per_cta.load() > 0 ? g_units_per_cta.load() : 1;
+  const int64_t target_units = static_cast<int64_t>(max_blocks) * upc;
   int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
-  splits = std::clamp<int64_t>(splits, 1, chunks);
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / kWarps));
 
   Plan pl{};
   pl.chunks = chunks;
@@ -582,13 +598,14 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   }
   int64_t all_units = 0;
   for (int d = 0; d < a.num_domains; ++d) all_units += pl.units[d];
-  const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, (all_units + kWarps - 1) / kWarps));
-  pl.total_warps = blocks * kWarps;
+  const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, all_units));
+  pl.total_ctas = blocks;
   Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(tiles_total),
                           std::max<size_t>(1, static_cast<size_t>(slots_total) * R * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
+  pl.ring_bytes = ring_bytes;
   stream_gemm_kernel<F, MB, H><<<blocks, kWarps * 32, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
@@ -604,7 +621,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_warp.store(t.units_per_warp); }
+void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_cta.store(t.units_per_cta); }
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {
   if (a.m < 1 || a.m > kStreamGemmMaxM || a.k < 1) return false;
