@@ -119,7 +119,8 @@ struct Format<StreamWeight::kNVFP4> {
     }
   }
   template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, const uint4 (&xv)[MB][2], float (&acc)[kGroupTiles][MB][4]) {
+  __device__ static void mma(uint32_t slot, int lane, int, int, const uint4 (&xv)[MB][2],
+                             float (&acc)[kGroupTiles][MB][4]) {
 #pragma unroll
     for (int r = 0; r < kGroupTiles; ++r)
       nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
@@ -136,16 +137,18 @@ struct Format<StreamWeight::kNVFP4> {
   __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
 };
 
-// BF16: 2 tiles x 64 K of the row-major weight: per tile and lane, 8 K values (16 bytes) of row
-// g and of row g + 8 at K k0 + 8t and again at k0 + 32 + 8t; the token's activations at the same K.
+// BF16: one tile x 256 K of the row-major weight: lane t's pieces are 8 K values (16 bytes) at
+// k0 + 8t + 32q, q < kPieces, of row g and of row g + 8, so that the 4 lanes of a row cover its
+// 512 contiguous bytes (long DRAM bursts); the token's activations at the same K.
 template <>
 struct Format<StreamWeight::kBF16> {
-  static constexpr int kGroupTiles = 2;
-  static constexpr int kChunkK = 64;
-  static constexpr int kWeightBytes = kGroupTiles * 2048;
-  static constexpr int kXRowBytes = 128;
+  static constexpr int kGroupTiles = 1;
+  static constexpr int kPieces = 8;
+  static constexpr int kChunkK = 32 * kPieces;
+  static constexpr int kWeightBytes = kGroupTiles * 2 * kPieces * 512;
+  static constexpr int kXRowBytes = 2 * kChunkK;
   template <int MB>
-  using XFrag = uint4[MB][2];
+  using XFrag = int;  // read piece by piece inside mma()
   struct Source {
     const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk 0
     int64_t k0;
@@ -166,54 +169,50 @@ struct Format<StreamWeight::kBF16> {
     src.k0 = k0;
     return src;
   }
+  // Stage layout: piece q of row half h of tile r at ((r * 2 + h) * kPieces + q) * 512 + lane * 16.
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {  // K quarter-pairs: k0 + 64j + 32q
+    for (int q = 0; q < kPieces; ++q) {
       const int64_t off = static_cast<int64_t>(j) * kChunkK + 32 * q;
       const bool valid = src.k0 + off < k;
 #pragma unroll
       for (int r = 0; r < kGroupTiles; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          cp_async16(slot + r * 2048 + (2 * h + q) * 512 + lane * 16, valid ? src.row[r][h] + off : src.row[r][h], valid);
+          cp_async16(slot + ((r * 2 + h) * kPieces + q) * 512 + lane * 16, valid ? src.row[r][h] + off : src.row[r][h],
+                     valid);
     }
   }
   template <int MB>
-  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB][2]) {
+  __device__ static void read_x(uint32_t, int, int, int, int&) {}
+  template <int MB>
+  __device__ static void mma(uint32_t slot, int lane, int, int m_count, const int&,
+                             float (&acc)[kGroupTiles][MB][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t xslot = slot + kWeightBytes;
 #pragma unroll
-    for (int b = 0; b < MB; ++b) {
-      const int m = 8 * b + g;
-      if (m < m_count) {
-        const uint32_t at = xslot + (m * 4 + t) * 32;
-        xv[b][0] = lds128(at);
-        xv[b][1] = lds128(at + 16);
-      } else {
-        xv[b][0] = xv[b][1] = make_uint4(0, 0, 0, 0);
+    for (int q = 0; q < kPieces; ++q) {
+      uint4 xq[MB];
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        const int m = 8 * b + g;
+        xq[b] = m < m_count ? lds128(xslot + (m * 4 + t) * (kPieces * 16) + q * 16) : make_uint4(0, 0, 0, 0);
       }
-    }
-  }
-  template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, const uint4 (&xv)[MB][2], float (&acc)[kGroupTiles][MB][4]) {
 #pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r) {
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint4 lo = lds128(slot + r * 2048 + q * 512 + lane * 16);
-        const uint4 hi = lds128(slot + r * 2048 + (2 + q) * 512 + lane * 16);
-        uint4 xq[MB];
-#pragma unroll
-        for (int b = 0; b < MB; ++b) xq[b] = xv[b][q];
+      for (int r = 0; r < kGroupTiles; ++r) {
+        const uint4 lo = lds128(slot + ((r * 2) * kPieces + q) * 512 + lane * 16);
+        const uint4 hi = lds128(slot + ((r * 2 + 1) * kPieces + q) * 512 + lane * 16);
         bf16_chunk_mma<MB>(lo, hi, xq, acc[r]);
       }
     }
   }
-  // Lane t of row m copies K [64c + 8t, +8) and [64c + 32 + 8t, +8) of its token.
+  // Lane t of row m copies K [64c + 8t + 32q, +8) of its token for every piece q.
   __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kPieces; ++q) {
       const int64_t kb = k0 + 32 * q + 8 * t;
       const bool valid = kb < k;
-      cp_async16(xslot + (m * 4 + t) * 32 + 16 * q, valid ? xrow + kb : xrow, valid);
+      cp_async16(xslot + (m * 4 + t) * (kPieces * 16) + 16 * q, valid ? xrow + kb : xrow, valid);
     }
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
@@ -224,7 +223,7 @@ struct Format<StreamWeight::kBF16> {
 template <StreamWeight F, int MB>
 constexpr int pipeline_stages() {
   if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 6 : MB == 2 ? 5 : 4;
-  else return MB == 1 ? 4 : 3;
+  else return MB == 4 ? 2 : 3;
 }
 // Unit descriptors between the producer (ahead) and the consumer: at most one per stage, + 1.
 
@@ -339,7 +338,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
     typename Fmt::template XFrag<MB> xv;
     Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
-    Fmt::template mma<MB>(slot, lane, xv, acc);
+    Fmt::template mma<MB>(slot, lane, g, a.m, xv, acc);
   }
   cp_async_wait<0>();
   __syncwarp();
@@ -549,7 +548,10 @@ int blocks_per_sm(int smem_bytes) {
     int dev = 0, optin = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
     LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    cudaFuncAttributes attr{};
+    LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
+    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          optin - static_cast<int>(attr.sharedSizeBytes)));
   }
   int n = 0;
   LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem_bytes));
