@@ -13,7 +13,7 @@
 //   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64).
 // and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
-// streaming kernels at M = 1 and 16 for several units-per-CTA settings (the split heuristic).
+// streaming kernels at M = 1 and 16 for several units-per-SM settings (the split heuristic).
 //
 // usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]
 #include <cublas_v2.h>
@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
   if (sweep) {
     // The streaming kernel's split heuristic: units per resident warp.
     std::mt19937_64 srng(7);
-    std::printf("\nsplit sweep (us per call; columns: units per resident CTA)\n%-22s", "shape");
+    std::printf("\nsplit sweep (us per call; columns: target units per SM)\n%-22s", "shape");
     const std::vector<int> upws = {1, 2, 3, 4, 6, 8};
     for (int u : upws) std::printf(" %7d", u);
     std::printf("\n");

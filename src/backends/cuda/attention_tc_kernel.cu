@@ -28,6 +28,7 @@
 
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/mma_fragments.cuh"
 
 namespace locus::cuda::detail {
 namespace {
@@ -97,14 +98,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(const uint16_t* p, uint32_t& r
                : "r"(a));
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Row i (token or key) of an operand for head h (head_stride 0: the shared head).
 __device__ __forceinline__ const uint16_t* row_ptr(const AttnOperand& o, int64_t i, int64_t h) {
@@ -254,7 +247,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
 #pragma unroll
         for (int n = 0; n < BN / 8; ++n) {
           const uint16_t* kr = kt + (n * 8 + g) * L.ld_qk + c;
-          mma_bf16(s[n], a0, a1, a2, a3, lds32(kr), lds32(kr + 8));
+          mma_bf16_16816(s[n], a0, a1, a2, a3, lds32(kr), lds32(kr + 8));
         }
       }
       float* out = Sp + (part * BM + rg * 16) * kScoreLd;
@@ -343,10 +336,10 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
           if (col0 + np * 16 < L.dv16) {
             uint32_t b0, b1, b2, b3;
             ldmatrix_x4_trans(vrow + np * 16, b0, b1, b2, b3);
-            mma_bf16(acc[2 * np], h0, h1, h2, h3, b0, b1);
-            mma_bf16(acc[2 * np], l0, l1, l2, l3, b0, b1);
-            mma_bf16(acc[2 * np + 1], h0, h1, h2, h3, b2, b3);
-            mma_bf16(acc[2 * np + 1], l0, l1, l2, l3, b2, b3);
+            mma_bf16_16816(acc[2 * np], h0, h1, h2, h3, b0, b1);
+            mma_bf16_16816(acc[2 * np], l0, l1, l2, l3, b0, b1);
+            mma_bf16_16816(acc[2 * np + 1], h0, h1, h2, h3, b2, b3);
+            mma_bf16_16816(acc[2 * np + 1], l0, l1, l2, l3, b2, b3);
           }
         }
       }

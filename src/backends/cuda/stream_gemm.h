@@ -84,7 +84,7 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream);
 
 // Tuning knobs for benchmarks (0 = the built-in heuristic).
 struct StreamGemmTuning {
-  int units_per_cta = 0;  // target units per resident CTA when choosing S
+  int units_per_sm = 0;  // target units per SM when choosing S (the K split)
 };
 void set_stream_gemm_tuning(const StreamGemmTuning& t);
 

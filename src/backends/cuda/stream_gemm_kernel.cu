@@ -533,7 +533,7 @@ int sm_count_for(cudaStream_t stream) {
   return sms;
 }
 
-std::atomic<int> g_units_per_cta{0};
+std::atomic<int> g_units_per_sm{0};
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
 template <StreamWeight F, int MB, int H>
@@ -577,9 +577,11 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
     a.parts[i].groups = (a.parts[i].tiles + R - 1) / R;
     group_halves += static_cast<int64_t>(a.parts[i].batch) * a.parts[i].groups * H;
   }
-  // S: about `upc` units per resident CTA; each warp's quarter of a unit at least one chunk.
-  const int upc = g_units_per_cta.load() > 0 ? g_units_per_cta.load() : 1;
-  const int64_t target_units = static_cast<int64_t>(max_blocks) * upc;
+  // S: about `ups` units per SM. Splitting K across CTAs costs a chain of memory round trips
+  // (partials, fence, counter, the last unit's reads), so S stays 1 whenever the row groups
+  // alone give every SM work; each warp's quarter of a unit is at least one chunk.
+  const int ups = g_units_per_sm.load() > 0 ? g_units_per_sm.load() : 1;
+  const int64_t target_units = static_cast<int64_t>(sm_count_for(stream)) * ups;
   int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
   splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / kWarps));
 
@@ -623,7 +625,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_cta.store(t.units_per_cta); }
+void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_sm.store(t.units_per_sm); }
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {
   if (a.m < 1 || a.m > kStreamGemmMaxM || a.k < 1) return false;
