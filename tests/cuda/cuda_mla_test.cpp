@@ -27,11 +27,12 @@ MlaConfig wide_cfg() {
   return c;
 }
 
-class CudaMla : public ::testing::Test {
+// Parameter: the number of emulated locality domains for the LD-on runs.
+class CudaMla : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
     LOCUS_REQUIRE_GPU();
-    ld_ = CudaLocality::emulated(2);
+    ld_ = CudaLocality::emulated(GetParam());
   }
   modules::ModuleContext ctx(bool ld, Device d) const { return ld_.ctx("model.layers.0.self_attn", ld, d); }
   CudaLocality ld_;
@@ -44,7 +45,7 @@ struct Subject {
   Device device;
 };
 
-TEST_F(CudaMla, PrefillThenAbsorbedDecodeMatchCpuAndFp64LdOffAndOn) {
+TEST_P(CudaMla, PrefillThenAbsorbedDecodeMatchCpuAndFp64LdOffAndOn) {
   const Device dev = Device::cuda(0), cpu = Device::cpu();
   for (const MlaConfig& c : {small_cfg(32), wide_cfg()}) {
     const uint64_t seed = fresh_seed();
@@ -109,6 +110,10 @@ TEST_F(CudaMla, PrefillThenAbsorbedDecodeMatchCpuAndFp64LdOffAndOn) {
     }
   }
 }
+
+
+INSTANTIATE_TEST_SUITE_P(Domains, CudaMla, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "Domains"; });
 
 }  // namespace
 }  // namespace locus::testing
