@@ -56,20 +56,12 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, co
                                                 float (&acc)[MB][4]) {
   uint32_t lo[8], hi[8];  // rows g and g + 8, K pairs 0..7 of the lane's scale block
   const uint32_t s_lo = nvfp4_scale_pair(sc & 0xFFu), s_hi = nvfp4_scale_pair((sc >> 8) & 0xFFu);
-  {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {  // words 0, 1: row g; words 2, 3: row g + 8
     uint32_t r[4];
-    nvfp4_dequant_word(wv.x, s_lo, r);
+    nvfp4_dequant_word(uint4_word(wv, w), w < 2 ? s_lo : s_hi, r);
 #pragma unroll
-    for (int p = 0; p < 4; ++p) lo[p] = r[p];
-    nvfp4_dequant_word(wv.y, s_lo, r);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) lo[4 + p] = r[p];
-    nvfp4_dequant_word(wv.z, s_hi, r);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) hi[p] = r[p];
-    nvfp4_dequant_word(wv.w, s_hi, r);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) hi[4 + p] = r[p];
+    for (int p = 0; p < 4; ++p) (w < 2 ? lo : hi)[4 * (w & 1) + p] = r[p];
   }
 #pragma unroll
   for (int s = 0; s < 4; ++s) {

@@ -175,6 +175,22 @@ StreamGemmArgs bmm_args(const Tensor& a, const Tensor& y) {
   return args;
 }
 
+// Launches `a` on `stream` when the streaming kernel takes it (with row_blocks, M > 32 runs as
+// blocks of 32 rows), over the domains of the partition `streams` (none: every SM is domain 0).
+// False, with nothing launched, when it does not.
+bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, bool row_blocks, int device, void* stream) {
+  StreamGemmArgs probe = a;
+  if (row_blocks) probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
+  if (!detail::stream_gemm_eligible(probe)) return false;
+  use_device(device);
+  if (!streams.empty()) {
+    a.num_domains = static_cast<int32_t>(streams.size());
+    a.sm_domain = sm_domain_table(streams);
+  }
+  launch_row_blocks(a, static_cast<cudaStream_t>(stream));
+  return true;
+}
+
 }  // namespace
 
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }
@@ -183,10 +199,7 @@ bool stream_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Ten
   StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
   a.num_parts = 1;
   a.parts[0] = bf16_part(w, swiglu, bias, 0, 0);
-  if (!detail::stream_gemm_eligible(a)) return false;
-  use_device(x.device().index);
-  detail::launch_stream_gemm(a, static_cast<cudaStream_t>(stream));
-  return true;
+  return launch_if_eligible(a, {}, false, x.device().index, stream);
 }
 
 bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y, bool swiglu,
@@ -197,21 +210,14 @@ bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tens
   StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p) a.parts[p] = bf16_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p]);
-  if (!detail::stream_gemm_eligible(a)) return false;
-  use_device(x.device().index);
-  a.num_domains = static_cast<int32_t>(streams.size());
-  a.sm_domain = sm_domain_table(streams);
-  detail::launch_stream_gemm(a, static_cast<cudaStream_t>(caller));
-  return true;
+  return launch_if_eligible(a, streams, false, x.device().index, caller);
 }
 
 bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
   StreamGemmArgs args = bmm_args(a, y);
   args.num_parts = 1;
-  if (!bmm_part(a, b, y, 0, 0, &args.parts[0]) || !detail::stream_gemm_eligible(args)) return false;
-  use_device(a.device().index);
-  detail::launch_stream_gemm(args, static_cast<cudaStream_t>(stream));
-  return true;
+  if (!bmm_part(a, b, y, 0, 0, &args.parts[0])) return false;
+  return launch_if_eligible(args, {}, false, a.device().index, stream);
 }
 
 bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
@@ -223,12 +229,7 @@ bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
   args.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p)
     if (!bmm_part(a, b_shards[p], y, slices[p].n0, domain_of[p], &args.parts[p])) return false;
-  if (!detail::stream_gemm_eligible(args)) return false;
-  use_device(a.device().index);
-  args.num_domains = static_cast<int32_t>(streams.size());
-  args.sm_domain = sm_domain_table(streams);
-  detail::launch_stream_gemm(args, static_cast<cudaStream_t>(caller));
-  return true;
+  return launch_if_eligible(args, streams, false, a.device().index, caller);
 }
 
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
@@ -241,14 +242,7 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p)
     if (!nvfp4_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p], &a.parts[p])) return false;
-  StreamGemmArgs probe = a;
-  probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
-  if (!detail::stream_gemm_eligible(probe)) return false;
-  use_device(x.device().index);
-  a.num_domains = static_cast<int32_t>(streams.size());
-  a.sm_domain = sm_domain_table(streams);
-  launch_row_blocks(a, static_cast<cudaStream_t>(caller));
-  return true;
+  return launch_if_eligible(a, streams, true, x.device().index, caller);
 }
 
 }  // namespace locus::cuda
