@@ -6,16 +6,17 @@
 // output columns in place. So a partitioned op costs no fork/join and no second launch, and the
 // result never depends on where the CTAs land.
 //
-// Work decomposition. Each weight part (the whole weight, or one domain's shard) is cut into
-// 16-row tiles; with SwiGLU a tile has two halves (its gate rows and the matching up rows). The K
-// chunks of a tile-half (64 K for NVFP4, 32 K for BF16) are split evenly into S units, S chosen
-// per launch so that the GPU's resident warps get a few units each. A warp takes one unit at a
-// time from an atomic counter of its domain, streams the unit's weight chunks through a
-// register pipeline (several 16-byte loads in flight per lane) into mma.sync m16n8k16 with the
-// tokens on the n side, and then
-//   - S == 1 and no SwiGLU: writes the tile's outputs directly;
-//   - else: stores its fp32 partial tile, and the last of the tile's units (an atomic count)
-//     adds the partials in unit order (deterministic), applies scale/bias/SwiGLU and writes y.
+// Work decomposition. Each weight part (the whole weight, or one domain's shard; for BMM a batch
+// of per-head weights) is cut into row groups of 16-row tiles (NVFP4: 4 tiles, BF16: 1); with
+// SwiGLU a group has two halves (its gate rows and the matching up rows). A unit is one group-half
+// over a K range: the whole K, or 1/S of it when the groups alone would leave SMs idle. A CTA (4
+// warps) takes one unit at a time from its domain's atomic counter; each warp streams a quarter of
+// the unit's K chunks through its own cp.async shared-memory ring into mma.sync m16n8k16 (tokens
+// on the n side; NVFP4 dequantized exactly in registers), the quarters are added in shared memory
+// in warp order, and then
+//   - S == 1 and no SwiGLU: the CTA writes the group's outputs directly;
+//   - else: it stores its fp32 partials, and the group's last unit (an atomic count) adds them in
+//     unit order (deterministic), applies scale/bias/SwiGLU and writes y.
 // Counters are reset by the kernel itself, so graph replays need no memset.
 #pragma once
 #include <cuda_runtime_api.h>
