@@ -8,10 +8,11 @@
 //   stream   our weight-streaming kernel (M <= 32);
 //   ours     cuda::gemm, the unpartitioned op (stream for M <= stream_gemm_bf16_max_m, else lt);
 //   part     ops::gemm_partitioned over 2 emulated locality domains (green-context SM
-//            partitions, one shard each in its domain's memory): one domain-aware streaming
-//            launch for skinny M, else a fork/join of one cuBLASLt call per partition stream;
+//            partitions, one shard each in its domain's memory): a fork/join of one cuBLASLt call
+//            per partition stream (one domain-aware streaming launch instead for M <=
+//            LOCUS_STREAM_GEMM_BF16_MAX_M, 0 by default);
 //   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
-//   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64).
+//   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
 // and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1 and 16 for several units-per-SM settings (the split heuristic).
 //
