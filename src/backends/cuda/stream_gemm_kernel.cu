@@ -277,7 +277,7 @@ __device__ __forceinline__ bool grab_unit(const Plan& pl, int num_domains, int h
 }
 
 // The part, batch entry, row group, half and K range of unit `unit` of `domain`'s queue.
-template <StreamWeight F, int H>
+template <int H>
 __device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit) {
   Unit u{};
   for (int q = 0; q < a.num_parts; ++q) {
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
     }
     __syncthreads();
     if (s_domain < 0) break;
-    const Unit u = decode_unit<F, H>(a, pl, s_domain, s_unit);
+    const Unit u = decode_unit<H>(a, pl, s_domain, s_unit);
     const StreamGemmPart& p = a.parts[u.part];
 
     float acc[R][MB][4];
