@@ -26,6 +26,9 @@ ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_in
 void nvfp4_prepare_into(const ops::Nvfp4Weight& linear_cpu, const ops::Nvfp4Weight& tiled);
 // A device copy of a prepared (kCudaTiled) weight, global scale included, tagged with `domain`.
 ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain);
+// Device pointer to a prepared weight's fp32 global scale (kept after its scale array, so that
+// in-place reloads rewrite it and kernels read the current value).
+const float* nvfp4_global_scale_device(const ops::Nvfp4Weight& tiled);
 // NVFP4 GEMM: the weight-streaming kernel for M <= kNvfp4StreamMaxM (blocks of 32 rows), else the
 // weight dequantized to BF16 in stream-ordered scratch and cuBLASLt (exact: the global scale is
 // the matmul's alpha, read on the device, so in-place reloads reach captured graphs too).

@@ -126,10 +126,6 @@ void check_x(const Tensor& x, int64_t k, const char* op) {
               ": x rows must be 16-byte aligned (row stride ", x.stride(0), " elements)");
 }
 
-const float* global_scale_ptr(const ops::Nvfp4Weight& w) {
-  return reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - kNvfp4GlobalScaleBytes);
-}
-
 void check_y(const Tensor& y, int64_t m, int64_t n, const Tensor& x, const char* op) {
   LOCUS_CHECK(y.defined() && y.device().is_cuda() && y.device() == x.device(), op,
               ": y must be on the same CUDA device as x");
@@ -149,27 +145,30 @@ void check_y(const Tensor& y, int64_t m, int64_t n, const Tensor& x, const char*
 struct DequantizedWeight {
   detail::Bf16Weight weight;
   void* scratch = nullptr;
+  cudaStream_t stream;
   DequantizedWeight(const ops::Nvfp4Weight& w, cudaStream_t s) : stream(s) {
     const int64_t k64 = nvfp4_padded_k(w.k);
     const size_t bytes = static_cast<size_t>(w.n * k64) * 2;
     scratch = scratch_alloc(bytes + sizeof(float), s);  // the rows, then alpha
     auto* alpha = reinterpret_cast<float*>(static_cast<char*>(scratch) + bytes);
-    launch_nvfp4_dequant(w.packed.data<uint8_t>(), w.scales.data<uint16_t>(), global_scale_ptr(w), w.n,
+    launch_nvfp4_dequant(w.packed.data<uint8_t>(), w.scales.data<uint16_t>(), nvfp4_global_scale_device(w), w.n,
                          k64 / kNvfp4ChunkK, static_cast<uint16_t*>(scratch), k64, alpha, s);
     weight = {scratch, k64, w.n, alpha};
   }
   ~DequantizedWeight() { cudaFreeAsync(scratch, stream); }  // no throw from a destructor
   DequantizedWeight(const DequantizedWeight&) = delete;
   DequantizedWeight& operator=(const DequantizedWeight&) = delete;
-  cudaStream_t stream;
 };
 
 std::vector<DomainSlice> whole(const ops::Nvfp4Weight& w, bool swiglu, void* stream) {
   return {DomainSlice{0, swiglu ? w.n / 2 : w.n, stream}};
 }
 
-
 }  // namespace
+
+const float* nvfp4_global_scale_device(const ops::Nvfp4Weight& tiled) {
+  return reinterpret_cast<const float*>(tiled.scales.data<uint8_t>() + tiled.scales.numel() - kNvfp4GlobalScaleBytes);
+}
 
 ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_index, int domain) {
   HostTiled h = shuffle(linear_cpu);

@@ -18,18 +18,17 @@ namespace locus::cuda::detail {
 namespace {
 
 constexpr int kWarps = 4;  // per CTA: each streams a quarter of the CTA's unit with its own pipeline
-constexpr unsigned kFull = 0xFFFFFFFFu;
 
 // Per-launch constants computed on the host.
 struct Plan {
-  int32_t chunks;   // K chunks per tile-half
-  int32_t splits;   // S: units per tile-half
+  int32_t chunks;   // K chunks per row group
+  int32_t splits;   // S: units per row-group half
   int32_t units[kStreamGemmMaxDomains];  // queue length per domain
-  unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][tile counters...]
-  float4* partials;    // [slot][MB][32 lanes]
+  unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][row-group counters...]
+  float4* partials;    // [slot][tile of the group][MB][32 lanes]
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
-  int32_t ring_bytes;  // one warp's stages (also its quarter sums after a unit)  // one pipeline stage: the chunk's weights, then its activation rows
+  int32_t ring_bytes;  // one warp's stages (also its quarter sums after a unit)
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -79,8 +78,6 @@ struct Format<StreamWeight::kNVFP4> {
   static constexpr int kChunkK = 64;
   static constexpr int kWeightBytes = kGroupTiles * (512 + 64);
   static constexpr int kXRowBytes = 128;
-  template <int MB>
-  using XFrag = uint4[MB][2];
   struct Source {
     const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk 0 of the unit
     const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-0 scale codes
@@ -104,23 +101,22 @@ struct Format<StreamWeight::kNVFP4> {
     for (int r = 0; r < kGroupTiles; ++r) cp_async16(slot + r * 512 + lane * 16, src.w[r] + static_cast<int64_t>(j) * 512, true);
     if (lane < 4 * kGroupTiles) cp_async16(slot + kGroupTiles * 512 + lane * 16, src.s + static_cast<int64_t>(j) * 64, true);
   }
+  // The landed chunk in `slot` times the activation rows m < m_count, into acc.
   template <int MB>
-  __device__ static void read_x(uint32_t xslot, int m_count, int g, int t, uint4 (&xv)[MB][2]) {
+  __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
+    const int g = lane >> 2, t = lane & 3;
+    uint4 xv[MB][2];  // the lane's token's 16 K values of the chunk, read once for all tiles
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
       const int m = 8 * b + g;
       if (m < m_count) {
-        const uint32_t at = xslot + (m * 4 + t) * 32;
+        const uint32_t at = slot + kWeightBytes + (m * 4 + t) * 32;
         xv[b][0] = lds128(at);
         xv[b][1] = lds128(at + 16);
       } else {
         xv[b][0] = xv[b][1] = make_uint4(0, 0, 0, 0);
       }
     }
-  }
-  template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, int, int, const uint4 (&xv)[MB][2],
-                             float (&acc)[kGroupTiles][MB][4]) {
 #pragma unroll
     for (int r = 0; r < kGroupTiles; ++r)
       nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
@@ -147,8 +143,6 @@ struct Format<StreamWeight::kBF16> {
   static constexpr int kChunkK = 32 * kPieces;
   static constexpr int kWeightBytes = kGroupTiles * 2 * kPieces * 512;
   static constexpr int kXRowBytes = 2 * kChunkK;
-  template <int MB>
-  using XFrag = int;  // read piece by piece inside mma()
   struct Source {
     const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk 0
     int64_t k0;
@@ -183,11 +177,10 @@ struct Format<StreamWeight::kBF16> {
                      valid);
     }
   }
+  // The landed chunk in `slot` times the activation rows m < m_count, into acc (activations read
+  // piece by piece: all 8 pieces at once would take 32 registers per 8 tokens).
   template <int MB>
-  __device__ static void read_x(uint32_t, int, int, int, int&) {}
-  template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, int, int m_count, const int&,
-                             float (&acc)[kGroupTiles][MB][4]) {
+  __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
     const int g = lane >> 2, t = lane & 3;
     const uint32_t xslot = slot + kWeightBytes;
 #pragma unroll
@@ -256,26 +249,6 @@ __device__ __forceinline__ void store_tile(const StreamGemmArgs& a, const Stream
   }
 }
 
-// Takes the next unit: own domain first, then the others in order. Lane 0 does the atomics.
-__device__ __forceinline__ bool grab_unit(const Plan& pl, int num_domains, int home, unsigned& exhausted, int& domain,
-                                          int& unit, int lane) {
-  for (int i = 0; i < num_domains; ++i) {
-    int d = home + i;
-    if (d >= num_domains) d -= num_domains;
-    if ((exhausted >> d) & 1u) continue;
-    unsigned u = 0;
-    if (lane == 0) u = atomicAdd(pl.counters + d, 1u);
-    u = __shfl_sync(kFull, u, 0);
-    if (u < static_cast<unsigned>(pl.units[d])) {
-      domain = d;
-      unit = static_cast<int>(u);
-      return true;
-    }
-    exhausted |= 1u << d;
-  }
-  return false;
-}
-
 // The part, batch entry, row group, half and K range of unit `unit` of `domain`'s queue.
 template <int H>
 __device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit) {
@@ -336,9 +309,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     cp_async_wait<kStages - 1>();
     __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
     const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
-    typename Fmt::template XFrag<MB> xv;
-    Fmt::template read_x<MB>(slot + Fmt::kWeightBytes, a.m, g, t, xv);
-    Fmt::template mma<MB>(slot, lane, g, a.m, xv, acc);
+    Fmt::template mma<MB>(slot, lane, a.m, acc);
   }
   cp_async_wait<0>();
   __syncwarp();

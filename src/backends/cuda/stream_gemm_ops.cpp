@@ -107,8 +107,7 @@ bool nvfp4_part(const ops::Nvfp4Weight& w, bool swiglu, const Tensor& bias, int6
   if (swiglu && (w.n % 2 != 0 || rows % detail::kNvfp4TileRows != 0)) return false;
   p->w = w.packed.data_ptr();
   p->scales = w.scales.data<uint16_t>();
-  p->global_scale =
-      reinterpret_cast<const float*>(w.scales.data<uint8_t>() + w.scales.numel() - detail::kNvfp4GlobalScaleBytes);
+  p->global_scale = nvfp4_global_scale_device(w);
   p->rows = static_cast<int32_t>(rows);
   p->up_offset = swiglu ? rows / detail::kNvfp4TileRows : 0;
   p->bias = bias_at(bias, n0);
@@ -176,14 +175,14 @@ StreamGemmArgs bmm_args(const Tensor& a, const Tensor& y) {
 }
 
 // Launches `a` on `stream` when the streaming kernel takes it (with row_blocks, M > 32 runs as
-// blocks of 32 rows), over the domains of the partition `streams` (none: every SM is domain 0).
-// False, with nothing launched, when it does not.
+// blocks of 32 rows), over the domains of the partition `streams` (one or none: every SM is
+// domain 0, no table needed). False, with nothing launched, when it does not.
 bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, bool row_blocks, int device, void* stream) {
   StreamGemmArgs probe = a;
   if (row_blocks) probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
   if (!detail::stream_gemm_eligible(probe)) return false;
   use_device(device);
-  if (!streams.empty()) {
+  if (streams.size() > 1) {
     a.num_domains = static_cast<int32_t>(streams.size());
     a.sm_domain = sm_domain_table(streams);
   }
