@@ -17,7 +17,12 @@
 namespace locus::cuda::detail {
 namespace {
 
-constexpr int kWarps = 4;  // per CTA: each streams a quarter of the CTA's unit with its own pipeline
+// Warps per CTA (W); each streams 1/W of the CTA's unit. NVFP4 with more than 8 tokens takes 8:
+// it dequantizes in registers and needs the warps to hide its instruction latency (H200,
+// docs/benchmarks.md: 5-10 % faster at M = 16 and 32 on the large shapes; at M = 1 four warps
+// are as fast or faster). BF16 takes 4.
+template <StreamWeight F, int MB>
+constexpr int warps_per_cta() { return F == StreamWeight::kNVFP4 && MB > 1 ? 8 : 4; }
 
 // Per-launch constants computed on the host.
 struct Plan {
@@ -28,7 +33,7 @@ struct Plan {
   float4* partials;    // [slot][tile of the group][MB][32 lanes]
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
-  int32_t ring_bytes;  // one warp's stages (also its quarter sums after a unit)
+  int32_t ring_bytes;  // one warp's stages (also its share's sums after a unit)
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -316,23 +321,23 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
 }
 
 // Each CTA takes one unit at a time (a row group's K range, own domain first), its warps split
-// the range four ways and stream their quarters, the quarters are added in shared memory in warp
+// the range W ways and stream their shares, the shares are added in shared memory in warp
 // order, and warp r writes tile r of the group: directly when the group is one unit, else as a
 // partial that the group's last unit adds in unit order (deterministic either way).
-template <StreamWeight F, int MB, int H>
-__global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
-                                                                   const __grid_constant__ Plan pl) {
+template <StreamWeight F, int MB, int H, int W = warps_per_cta<F, MB>()>
+__global__ void __launch_bounds__(W * 32) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
+                                                              const __grid_constant__ Plan pl) {
   using Fmt = Format<F>;
   constexpr int kStages = pipeline_stages<F, MB>();
   constexpr int R = Fmt::kGroupTiles;
-  static_assert(R <= kWarps, "one warp per tile in the reduction");
+  static_assert(R <= W, "one warp per tile in the reduction");
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_domain, s_unit;
   __shared__ unsigned s_arrived;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
-  // After a unit's pipelines drain, each warp's ring holds its quarter sums for the reduction.
-  auto quarter = [&](int w, int r, int b) {
+  // After a unit's pipelines drain, each warp's ring holds its share's sums for the reduction.
+  auto share = [&](int w, int r, int b) {
     return reinterpret_cast<float4*>(smem + w * pl.ring_bytes) + (r * MB + b) * 32;
   };
 
@@ -373,23 +378,23 @@ __global__ void __launch_bounds__(kWarps * 32) stream_gemm_kernel(const __grid_c
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-    const int wc0 = u.c0 + u.n * warp / kWarps, wc1 = u.c0 + u.n * (warp + 1) / kWarps;
+    const int wc0 = u.c0 + u.n * warp / W, wc1 = u.c0 + u.n * (warp + 1) / W;
     if (wc1 > wc0) warp_stream<F, MB>(a, pl, u, wc0, wc1, ring, lane, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
-      for (int b = 0; b < MB; ++b) *(quarter(warp, r, b) + lane) = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+      for (int b = 0; b < MB; ++b) *(share(warp, r, b) + lane) = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
     __syncthreads();
 
-    // Warp r owns tile r of the group: the unit's sum over the four quarters, in warp order.
+    // Warp r owns tile r of the group: the unit's sum over the W shares, in warp order.
     float v[MB][4];
     if (warp < R) {
 #pragma unroll
       for (int b = 0; b < MB; ++b) {
-        float4 sum = *(quarter(0, warp, b) + lane);
+        float4 sum = *(share(0, warp, b) + lane);
 #pragma unroll
-        for (int w = 1; w < kWarps; ++w) {
-          const float4 q = *(quarter(w, warp, b) + lane);
+        for (int w = 1; w < W; ++w) {
+          const float4 q = *(share(w, warp, b) + lane);
           sum.x += q.x;
           sum.y += q.y;
           sum.z += q.z;
@@ -525,7 +530,7 @@ int blocks_per_sm(int smem_bytes) {
                                           optin - static_cast<int>(attr.sharedSizeBytes)));
   }
   int n = 0;
-  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem_bytes));
+  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps_per_cta<F, MB>() * 32, smem_bytes));
   LOCUS_CHECK(n >= 1, "streaming GEMM: ", smem_bytes, " bytes of shared memory per CTA do not fit an SM");
   cache[smem_bytes] = n;
   return n;
@@ -535,9 +540,9 @@ template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
-  // (A warp's ring also holds its quarter sums after the unit: R * MB * 32 float4.)
+  // (A warp's ring also holds its share's sums after the unit: R * MB * 32 float4.)
   const int ring_bytes = std::max(pipeline_stages<F, MB>() * slot_bytes, Format<F>::kGroupTiles * MB * 512);
-  const int smem_bytes = kWarps * ring_bytes;
+  const int smem_bytes = warps_per_cta<F, MB>() * ring_bytes;
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
@@ -550,11 +555,11 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   }
   // S: about `ups` units per SM. Splitting K across CTAs costs a chain of memory round trips
   // (partials, fence, counter, the last unit's reads), so S stays 1 whenever the row groups
-  // alone give every SM work; each warp's quarter of a unit is at least one chunk.
+  // alone give every SM work; each warp's share of a unit is at least one chunk.
   const int ups = g_units_per_sm.load() > 0 ? g_units_per_sm.load() : 1;
   const int64_t target_units = static_cast<int64_t>(sm_count_for(stream)) * ups;
   int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / kWarps));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / warps_per_cta<F, MB>()));
 
   Plan pl{};
   pl.chunks = chunks;
@@ -581,7 +586,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
   pl.ring_bytes = ring_bytes;
-  stream_gemm_kernel<F, MB, H><<<blocks, kWarps * 32, smem_bytes, stream>>>(a, pl);
+  stream_gemm_kernel<F, MB, H><<<blocks, warps_per_cta<F, MB>() * 32, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
 
