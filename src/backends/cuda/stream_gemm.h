@@ -9,11 +9,11 @@
 // Work decomposition. Each weight part (the whole weight, or one domain's shard; for BMM a batch
 // of per-head weights) is cut into row groups of 16-row tiles (NVFP4: 4 tiles, BF16: 1); with
 // SwiGLU a group has two halves (its gate rows and the matching up rows). A unit is one group-half
-// over a K range: the whole K, or 1/S of it when the groups alone would leave SMs idle. A CTA (W
-// warps: 8 for NVFP4 with M > 8, else 4) takes one unit at a time from its domain's atomic counter; each warp streams 1/W of
-// the unit's K chunks through its own cp.async shared-memory ring into mma.sync m16n8k16 (tokens
-// on the n side; NVFP4 dequantized exactly in registers), the shares are added in shared memory
-// in warp order, and then
+// over a K range: the whole K, or 1/S of it when the groups alone would leave SMs idle. A CTA
+// (W warps: 8 for NVFP4 with M > 8, else 4) takes one unit at a time from its domain's atomic
+// counter; each warp streams 1/W of the unit's K chunks through its own cp.async shared-memory
+// ring into mma.sync m16n8k16 (tokens on the n side; NVFP4 dequantized exactly in registers),
+// the shares are added in shared memory in warp order, and then
 //   - S == 1 and no SwiGLU: the CTA writes the group's outputs directly;
 //   - else: it stores its fp32 partials, and the group's last unit (an atomic count) adds them in
 //     unit order (deterministic), applies scale/bias/SwiGLU and writes y.

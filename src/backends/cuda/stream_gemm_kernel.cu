@@ -23,6 +23,8 @@ namespace {
 // are as fast or faster). BF16 takes 4.
 template <StreamWeight F, int MB>
 constexpr int warps_per_cta() { return F == StreamWeight::kNVFP4 && MB > 1 ? 8 : 4; }
+template <StreamWeight F, int MB>
+constexpr int kThreads = warps_per_cta<F, MB>() * 32;  // per CTA
 
 // Per-launch constants computed on the host.
 struct Plan {
@@ -324,10 +326,11 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
 // the range W ways and stream their shares, the shares are added in shared memory in warp
 // order, and warp r writes tile r of the group: directly when the group is one unit, else as a
 // partial that the group's last unit adds in unit order (deterministic either way).
-template <StreamWeight F, int MB, int H, int W = warps_per_cta<F, MB>()>
-__global__ void __launch_bounds__(W * 32) stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a,
-                                                              const __grid_constant__ Plan pl) {
+template <StreamWeight F, int MB, int H>
+__global__ void __launch_bounds__(kThreads<F, MB>)
+    stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl) {
   using Fmt = Format<F>;
+  constexpr int W = warps_per_cta<F, MB>();
   constexpr int kStages = pipeline_stages<F, MB>();
   constexpr int R = Fmt::kGroupTiles;
   static_assert(R <= W, "one warp per tile in the reduction");
@@ -530,7 +533,7 @@ int blocks_per_sm(int smem_bytes) {
                                           optin - static_cast<int>(attr.sharedSizeBytes)));
   }
   int n = 0;
-  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps_per_cta<F, MB>() * 32, smem_bytes));
+  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads<F, MB>, smem_bytes));
   LOCUS_CHECK(n >= 1, "streaming GEMM: ", smem_bytes, " bytes of shared memory per CTA do not fit an SM");
   cache[smem_bytes] = n;
   return n;
@@ -542,7 +545,8 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
   // (A warp's ring also holds its share's sums after the unit: R * MB * 32 float4.)
   const int ring_bytes = std::max(pipeline_stages<F, MB>() * slot_bytes, Format<F>::kGroupTiles * MB * 512);
-  const int smem_bytes = warps_per_cta<F, MB>() * ring_bytes;
+  constexpr int W = warps_per_cta<F, MB>();
+  const int smem_bytes = W * ring_bytes;
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
@@ -559,7 +563,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   const int ups = g_units_per_sm.load() > 0 ? g_units_per_sm.load() : 1;
   const int64_t target_units = static_cast<int64_t>(sm_count_for(stream)) * ups;
   int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / warps_per_cta<F, MB>()));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / W));
 
   Plan pl{};
   pl.chunks = chunks;
@@ -586,7 +590,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
   pl.ring_bytes = ring_bytes;
-  stream_gemm_kernel<F, MB, H><<<blocks, warps_per_cta<F, MB>() * 32, smem_bytes, stream>>>(a, pl);
+  stream_gemm_kernel<F, MB, H><<<blocks, kThreads<F, MB>, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
 
