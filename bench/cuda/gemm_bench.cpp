@@ -14,7 +14,7 @@
 //   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
 // and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
-// streaming kernels at M = 1 and 16 for several units-per-SM settings (the split heuristic).
+// streaming kernels at M = 1 and 16 for several units-per-CTA settings (the stream-K cut).
 //
 // usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]
 #include <cublas_v2.h>
@@ -210,10 +210,10 @@ int main(int argc, char** argv) {
               bw * 1e-9);
 
   if (sweep) {
-    // The streaming kernel's split heuristic: units per resident warp.
+    // The streaming kernel's stream-K cut: units per resident CTA.
     std::mt19937_64 srng(7);
-    std::printf("\nsplit sweep (us per call; columns: target units per SM)\n%-22s", "shape");
-    const std::vector<int> upws = {1, 2, 3, 4, 6, 8};
+    std::printf("\nsplit sweep (us per call; columns: 0 = heuristic, -1 = whole rows, n = stream-K with n units per resident CTA)\n%-22s", "shape");
+    const std::vector<int> upws = {0, -1, 1, 2};  // heuristic, whole rows, stream-K 1 and 2 per CTA
     for (int u : upws) std::printf(" %7d", u);
     std::printf("\n");
     for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7168, 7168}, {18432, 7168}, {7168, 2048}, {32768, 512}}) {

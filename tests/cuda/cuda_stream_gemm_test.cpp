@@ -90,6 +90,45 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
   EXPECT_TRUE(bitwise_equal(fetch(a), fetch(b)));
 }
 
+// Every work decomposition (whole rows; the stream-K cut at 1, 2 and 5 units per resident CTA,
+// whose units end inside rows and touch up to 3 of them) gives the right answer, for BF16 and
+// NVFP4, plain and SwiGLU, on shapes where the cut lands on and between row boundaries.
+TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
+  LOCUS_REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { cuda::detail::set_stream_gemm_tuning({}); }
+  } restore;
+  const uint64_t seed = fresh_seed();
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 7168}, {9, 200, 192}, {16, 1024, 1536}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " N " << n << " K " << k);
+    Tensor x = randn({m, k}, DType::kBF16, seed + n);
+    Tensor w = randn({n, k}, DType::kBF16, seed + n + 1, 0.05);
+    ops::Nvfp4Weight fp4 = random_nvfp4(n, k, seed + n + 2);
+    const Tensor xg = to_gpu(x), wg = to_gpu(w);  // w is also a fused [gate; up] weight of n / 2 rows each
+    const ops::Nvfp4Weight fp4g = cuda::nvfp4_prepare(fp4, 0, -1);
+    const std::vector<double> ref = ref_gemm(x, w), ref_fp4 = ref_gemm_dense(x, dequant_ref(fp4), n, Tensor());
+    const std::vector<double> ref_gated = ref_swiglu(ref, m, n / 2), ref_fp4_gated = ref_swiglu(ref_fp4, m, n / 2);
+    for (int tuning : {-1, 1, 2, 5}) {
+      SCOPED_TRACE(::testing::Message() << "tuning " << tuning);
+      cuda::detail::set_stream_gemm_tuning({tuning});
+      Tensor y = poisoned_gpu({m, n}, DType::kFP32);
+      ASSERT_TRUE(cuda::stream_gemm(xg, wg, {}, y, false, nullptr));
+      EXPECT_LT(rel_error(fetch(y), ref), fp32_out_gemm_tolerance(k));
+      y = poisoned_gpu({m, n}, DType::kFP32);
+      cuda::nvfp4_gemm(xg, fp4g, {}, y, nullptr);
+      EXPECT_LT(rel_error(fetch(y), ref_fp4), fp32_out_gemm_tolerance(k));
+      Tensor ys = poisoned_gpu({m, n / 2}, DType::kBF16);
+      ASSERT_TRUE(cuda::stream_gemm(xg, wg, {}, ys, true, nullptr));
+      EXPECT_LT(rel_error(fetch(ys), ref_gated), bf16_gemm_tolerance(k));
+      if ((n / 2) % 16 == 0) {  // the fused NVFP4 form needs the up rows on a 16-row tile
+        ys = poisoned_gpu({m, n / 2}, DType::kBF16);
+        cuda::nvfp4_gemm_swiglu(xg, fp4g, ys, nullptr);
+        EXPECT_LT(rel_error(fetch(ys), ref_fp4_gated), bf16_gemm_tolerance(k));
+      }
+    }
+  }
+}
+
 // Domain-aware launches over two green-context partitions.
 class CudaStreamDomains : public ::testing::Test {
  protected:

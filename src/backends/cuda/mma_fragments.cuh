@@ -37,11 +37,7 @@ __device__ __forceinline__ uint32_t nvfp4_scale_pair(uint32_t code) {
 // The 8 values of one layout word as four bf16x2 registers, times the block scale: exact.
 __device__ __forceinline__ void nvfp4_dequant_word(uint32_t w, uint32_t scale2, uint32_t (&r)[4]) {
 #pragma unroll
-  for (int p = 0; p < 4; ++p) {
-    const uint32_t v = w >> (4 * p);
-    const uint32_t bits = ((v & 0x00070007u) << 6) | ((v & 0x00080008u) << 12);
-    r[p] = bf16x2_mul(bits, scale2);
-  }
+  for (int p = 0; p < 4; ++p) r[p] = bf16x2_mul(nvfp4_word_pair_bits(w, p), scale2);
 }
 
 __device__ __forceinline__ uint32_t uint4_word(const uint4& v, int i) {

@@ -20,9 +20,9 @@ namespace {
 using namespace detail;
 
 struct HostTiled {
-  std::vector<uint8_t> packed;  // N16 * K64 / 2
-  std::vector<uint8_t> scales;  // N16 * K64 / 16 + 16 (global scale at the end)
-  int64_t n16 = 0, k64 = 0;
+  std::vector<uint8_t> packed;  // N64 * K64 / 2
+  std::vector<uint8_t> scales;  // N64 * K64 / 16 + 16 (global scale at the end)
+  int64_t n64 = 0, k64 = 0;
 };
 
 // Re-encodes one e4m3 scale byte (nvfp4_layout.h); returns false for a zero scale.
@@ -59,17 +59,17 @@ HostTiled shuffle(const ops::Nvfp4Weight& w) {
               "nvfp4_prepare: scales must be e4m3 [", w.n, ", ", w.k / 16, "], got ", scales.describe());
   LOCUS_CHECK(std::isfinite(w.global_scale), "nvfp4_prepare: global scale is not finite");
   HostTiled h;
-  h.n16 = nvfp4_padded_rows(w.n);
+  h.n64 = nvfp4_padded_rows(w.n);
   h.k64 = nvfp4_padded_k(w.k);
   const int64_t C = h.k64 / kNvfp4ChunkK;
-  h.packed.assign(static_cast<size_t>(h.n16 * h.k64 / 2), 0);
-  h.scales.assign(static_cast<size_t>(h.n16 * h.k64 / 16 + kNvfp4GlobalScaleBytes), 0);
+  h.packed.assign(static_cast<size_t>(h.n64 * h.k64 / 2), 0);
+  h.scales.assign(static_cast<size_t>(h.n64 * h.k64 / 16 + kNvfp4GlobalScaleBytes), 0);
   const uint8_t* q = packed.data<uint8_t>();
   const uint8_t* s = scales.data<uint8_t>();
   const int64_t qld = packed.stride(0), sld = scales.stride(0);
-  for (int64_t rt = 0; rt < h.n16 / 16; ++rt) {
+  for (int64_t rt = 0; rt < h.n64 / 16; ++rt) {
     for (int64_t c = 0; c < C; ++c) {
-      const int64_t tile = rt * C + c;
+      const int64_t tile = nvfp4_tile_index(rt, c, C);
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4, t = lane % 4;
         const int64_t kb = c * 64 + 16 * t;  // the lane's scale block
@@ -81,21 +81,22 @@ HostTiled shuffle(const ops::Nvfp4Weight& w) {
           const bool nonzero = encode_scale(s[row * sld + kb / 16], &code, row, kb / 16);
           h.scales[static_cast<size_t>((tile * 32 + lane) * 2 + half)] = code;
           if (!nonzero) continue;
-          uint32_t words[2] = {0, 0};
-          for (int j = 0; j < 16; ++j) {
-            const int64_t k = kb + j;
-            const uint8_t byte = q[row * qld + k / 2];
-            const uint32_t nib = (k % 2 == 0) ? (byte & 0xF) : (byte >> 4);
-            const int jj = j % 8, p = jj / 2;
-            const int shift = (jj % 2 == 0) ? 4 * p : 16 + 4 * p;
-            words[j / 8] |= nib << shift;
+          uint32_t words[2];
+          for (int word = 0; word < 2; ++word) {
+            uint8_t nib[8];
+            for (int j = 0; j < 8; ++j) {
+              const int64_t k = kb + 8 * word + j;
+              const uint8_t byte = q[row * qld + k / 2];
+              nib[j] = (k % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+            }
+            words[word] = nvfp4_pack_word(nib);
           }
           std::memcpy(out + 8 * half, words, 8);
         }
       }
     }
   }
-  std::memcpy(&h.scales[static_cast<size_t>(h.n16 * h.k64 / 16)], &w.global_scale, sizeof(float));
+  std::memcpy(&h.scales[static_cast<size_t>(h.n64 * h.k64 / 16)], &w.global_scale, sizeof(float));
   static_assert(kNvfp4GlobalScaleBytes >= sizeof(float));
   return h;
 }
@@ -178,7 +179,7 @@ ops::Nvfp4Weight nvfp4_prepare(const ops::Nvfp4Weight& linear_cpu, int device_in
   out.global_scale = linear_cpu.global_scale;
   out.layout = ops::Nvfp4Layout::kCudaTiled;
   const Device dev = Device::cuda(device_index);
-  out.packed = Tensor::empty({h.n16, h.k64 / 2}, DType::kU8, dev, domain);
+  out.packed = Tensor::empty({h.n64, h.k64 / 2}, DType::kU8, dev, domain);
   // One flat buffer: the scale array, then the global scale, so that copying `packed` and
   // `scales` of a freshly prepared weight into this one is a complete in-place reload.
   out.scales = Tensor::empty({static_cast<int64_t>(h.scales.size())}, DType::kU8, dev, domain);

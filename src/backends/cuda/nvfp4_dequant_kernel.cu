@@ -6,7 +6,8 @@
 namespace locus::cuda::detail {
 namespace {
 
-// One thread per (row tile, chunk, lane): the lane's 16 bytes hold 16 K values of rows g and g + 8.
+// One thread per (row tile, chunk, lane) of the padded weight: the lane's 16 bytes hold 16 K values
+// of rows g and g + 8 (rows past n are skipped).
 __global__ void nvfp4_dequant_kernel(const uint8_t* tiles, const uint16_t* scales, const float* global_scale, int64_t n,
                                      int64_t chunks, int64_t lanes_total, uint16_t* out, int64_t out_ld,
                                      float* alpha_out) {
@@ -14,7 +15,9 @@ __global__ void nvfp4_dequant_kernel(const uint8_t* tiles, const uint16_t* scale
   if (idx == 0) *alpha_out = *global_scale * kNvfp4AccUnscale;
   if (idx >= lanes_total) return;
   const int lane = static_cast<int>(idx % 32);
-  const int64_t tile = idx / 32, rt = tile / chunks, c = tile % chunks;
+  // Tiles in memory order (group-major, nvfp4_layout.h): group, chunk, row tile of the group.
+  const int64_t tile = idx / 32, group_chunk = tile / kNvfp4GroupTiles;
+  const int64_t c = group_chunk % chunks, rt = (group_chunk / chunks) * kNvfp4GroupTiles + tile % kNvfp4GroupTiles;
   const int g = lane >> 2, t = lane & 3;
   const uint4 wv = reinterpret_cast<const uint4*>(tiles)[idx];
   const uint32_t sc = scales[idx];
@@ -38,7 +41,7 @@ __global__ void nvfp4_dequant_kernel(const uint8_t* tiles, const uint16_t* scale
 
 void launch_nvfp4_dequant(const uint8_t* tiles, const uint16_t* scales, const float* global_scale, int64_t n,
                           int64_t chunks, uint16_t* out, int64_t out_ld, float* alpha_out, cudaStream_t stream) {
-  const int64_t row_tiles = (n + kNvfp4TileRows - 1) / kNvfp4TileRows;
+  const int64_t row_tiles = nvfp4_padded_rows(n) / kNvfp4TileRows;
   const int64_t lanes_total = row_tiles * chunks * 32;
   const int threads = 256;
   const int64_t blocks = (lanes_total + threads - 1) / threads;

@@ -1,23 +1,28 @@
 // Internal to the CUDA backend: the kCudaTiled NVFP4 weight layout that nvfp4_prepare writes and
 // the weight-only GEMM kernel reads.
 //
-// The weight [N, K] is padded to N16 = ceil(N/16)*16 rows and K64 = ceil(K/64)*64 columns (zeros)
+// The weight [N, K] is padded to N64 = ceil(N/64)*64 rows and K64 = ceil(K/64)*64 columns (zeros)
 // and cut into tiles of 16 rows x 64 K ("row tile" rt, "chunk" c; C = K64/64 chunks per row).
-// Tile (rt, c) is 512 bytes at byte offset (rt*C + c)*512, laid out in the order of the 32 lanes
-// of the warp that reads it: lane l = 4g + t holds, in 16 bytes at +16*l,
+// Tiles are stored group-major: the 4 row tiles of a 64-row group ("row group" G = rt/4) side by
+// side for each chunk, so that a group's K range is one contiguous stretch of memory (what the
+// streaming kernel reads; the NVFP4 kernels stream whole groups). Tile (rt, c) is 512 bytes at
+// byte offset nvfp4_tile_index(rt, c, C)*512 = ((G*C + c)*4 + rt%4)*512, laid out in the order of
+// the 32 lanes of the warp that reads it: lane l = 4g + t holds, in 16 bytes at +16*l,
 //   word 0: row 16rt+g,   k = 64c+16t + 0..7      word 1: row 16rt+g,   k = 64c+16t + 8..15
 //   word 2: row 16rt+g+8, k = 64c+16t + 0..7      word 3: row 16rt+g+8, k = 64c+16t + 8..15
-// and inside a word the value k0+j (j = 0..7) sits at nibble 2p (bits 4p..4p+3, p = j/2) for even
-// j, at bits 16+4p..16+4p+3 for odd j: one shift and mask gives a bf16x2 pair. Nibbles keep the
-// e2m1 code (bit 3 = sign). Each lane's 16 K-values are exactly one 16-element scale block, and
-// the MMA's K order is permuted consistently for weights and activations (a sum does not care).
-//
-// Scales: one uint16 per (rt, c, lane) at element (rt*C + c)*32 + l: low byte for row 16rt+g,
+// and inside a word the 8 values k0+j (j = 0..7) form 4 pairs p = j/2 (even j: the low bf16 of
+// bf16x2 register p, odd j: the high one). Each value is its e2m1 code: magnitude bits b0..b2 (m, e0,
+// e1) and sign s. The kernel wants pair p as bf16x2 bits with b0..b2 at 6..8 and s at 15 (low
+// value), b0..b2 at 22..24 and s at 31 (high value), i.e. under the mask 0x81C081C0. Pair p is
+// stored rotated left by 6p (p < 3), so that it costs one rotate and one AND; pair 3 fills the
+// remaining bits: its b0 rotated left by 26, its b1, b2, s rotated left by 2 (nvfp4_word_pair_bits
+// below; no 4 rotations of that mask tile a 32-bit word, so one pair needs two).
+// Scales: one uint16 per (rt, c, lane) at element nvfp4_tile_index(rt, c, C)*32 + l: low byte for row 16rt+g,
 // high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
 // as S = ((e + 9) << 3) | m with v = 2^e (1 + m/8) (e in [-9, 8], subnormal e4m3 normalized), so
 // that the bf16 bits of v * 2^110 are S*16 + (228 << 7): one integer multiply-add in the kernel.
 // A zero scale gets S = 0 and its 16 nibbles are zeroed. The prepared weight's `scales` tensor is
-// one flat U8 buffer [N16*K64/16 + 16]: the scale array, then the fp32 global scale (16 bytes
+// one flat U8 buffer [N64*K64/16 + 16]: the scale array, then the fp32 global scale (16 bytes
 // reserved). The kernel reads the global scale from there, so an in-place reload that copies
 // `packed` and `scales` (or nvfp4_prepare_into) rewrites it too and captured graphs see it.
 //
@@ -26,6 +31,8 @@
 // sum * 2^-16, undone with the global scale in the epilogue.
 #pragma once
 #include <cstdint>
+
+#include "core/float_convert.h"  // LOCUS_HD
 
 namespace locus::cuda::detail {
 
@@ -37,7 +44,45 @@ constexpr uint32_t kNvfp4ScaleBf16Base = 228u << 7;  // 127 + 110 - 9 = 228
 constexpr float kNvfp4AccUnscale = 65536.f;          // 2^(126 - 110)
 constexpr int64_t kNvfp4GlobalScaleBytes = 16;       // reserved after the scale array
 
-inline int64_t nvfp4_padded_rows(int64_t n) { return (n + 15) / 16 * 16; }
+constexpr int kNvfp4GroupTiles = 4;  // row tiles per row group (stored side by side)
+
+inline int64_t nvfp4_padded_rows(int64_t n) { return (n + 63) / 64 * 64; }
 inline int64_t nvfp4_padded_k(int64_t k) { return (k + 63) / 64 * 64; }
+
+// The position of tile (rt, c) in the group-major tile order (C chunks per row).
+LOCUS_HD int64_t nvfp4_tile_index(int64_t rt, int64_t c, int64_t chunks) {
+  return ((rt / kNvfp4GroupTiles) * chunks + c) * kNvfp4GroupTiles + rt % kNvfp4GroupTiles;
+}
+
+constexpr uint32_t kNvfp4PairMask = 0x81C081C0u;  // b0..b2 at 6..8 and s at 15, and the same + 16
+
+LOCUS_HD uint32_t nvfp4_rotr(uint32_t w, int s) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(w, w, s);
+#else
+  return s == 0 ? w : (w >> s) | (w << (32 - s));
+#endif
+}
+
+// Pair p of a layout word as bf16x2 bits (e2m1 * 2^-126 each, exact; see the top of this file).
+LOCUS_HD uint32_t nvfp4_word_pair_bits(uint32_t w, int p) {
+  if (p < 3) return nvfp4_rotr(w, 6 * p) & kNvfp4PairMask;
+  return (nvfp4_rotr(w, 26) & 0x00400040u) | (nvfp4_rotr(w, 2) & 0x81808180u);
+}
+
+// The layout word holding the 8 e2m1 codes nib[0..7] (the inverse of nvfp4_word_pair_bits).
+inline uint32_t nvfp4_pack_word(const uint8_t (&nib)[8]) {
+  uint32_t w = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int p = j / 2, h = j % 2;
+    for (int b = 0; b < 4; ++b) {
+      if (!((nib[j] >> b) & 1)) continue;
+      const int target = (b < 3 ? 6 + b : 15) + 16 * h;
+      const int rot = p < 3 ? 6 * p : (b == 0 ? 26 : 2);
+      w |= 1u << ((target + rot) % 32);
+    }
+  }
+  return w;
+}
 
 }  // namespace locus::cuda::detail

@@ -8,15 +8,19 @@
 //
 // Work decomposition. Each weight part (the whole weight, or one domain's shard; for BMM a batch
 // of per-head weights) is cut into row groups of 16-row tiles (NVFP4: 4 tiles, BF16: 1); with
-// SwiGLU a group has two halves (its gate rows and the matching up rows). A unit is one group-half
-// over a K range: the whole K, or 1/S of it when the groups alone would leave SMs idle. A CTA
-// (W warps: 8 for NVFP4 with M > 8, else 4) takes one unit at a time from its domain's atomic
-// counter; each warp streams 1/W of the unit's K chunks through its own cp.async shared-memory
-// ring into mma.sync m16n8k16 (tokens on the n side; NVFP4 dequantized exactly in registers),
-// the shares are added in shared memory in warp order, and then
-//   - S == 1 and no SwiGLU: the CTA writes the group's outputs directly;
-//   - else: it stores its fp32 partials, and the group's last unit (an atomic count) adds them in
-//     unit order (deterministic), applies scale/bias/SwiGLU and writes y.
+// SwiGLU a group has two halves (its gate rows and the matching up rows). A "row" of work is one
+// group-half over the whole K, C chunks long. A unit of work is either one whole row, or, when
+// whole rows would load the SMs unevenly (e.g. 288 rows on 132 SMs), an equal contiguous range of
+// chunks of the domain's rows laid end to end (about one per resident CTA: stream-K), which may
+// end inside a row for the next unit to finish (it touches at most 3 rows). A CTA (W warps: 8 for NVFP4, 4 for BF16) takes
+// one unit at a time from its domain's atomic counter; each warp streams a contiguous 1/W of the
+// unit's chunks through its own cp.async shared-memory ring, across row boundaries, into mma.sync
+// m16n8k16 (tokens on the n side; NVFP4 dequantized exactly in registers) and leaves each row's
+// sums in shared memory; then, for each row segment of the unit, the warps' sums are added in warp
+// order and
+//   - the segment is the whole row and there is no SwiGLU: the CTA writes the outputs directly;
+//   - else: it stores its fp32 partial, and the group's last segment (an atomic count) adds the
+//     partials in segment order (deterministic), applies scale/bias/SwiGLU and writes y.
 // Counters are reset by the kernel itself, so graph replays need no memset.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -52,9 +56,9 @@ struct StreamGemmPart {
   // Filled by launch_stream_gemm:
   int32_t tiles = 0;                    // ceil(rows / 16) per batch entry
   int32_t groups = 0;                   // row groups (several tiles streamed together) per batch entry
-  int32_t unit_begin = 0;               // its first unit in its domain's queue
-  int32_t tile_base = 0;                // its first row-group counter
-  int64_t partial_base = 0;             // its first partial-tile slot
+  int32_t row_begin = 0;                // its first row in its domain's rows
+  int32_t group_base = 0;               // its first row-group counter
+  int32_t slot_row_base = 0;            // its first row in the partial slots (all parts' rows)
 };
 
 struct StreamGemmArgs {
@@ -85,7 +89,8 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream);
 
 // Tuning knobs for benchmarks (0 = the built-in heuristic).
 struct StreamGemmTuning {
-  int units_per_sm = 0;  // target units per SM when choosing S (the K split)
+  int units_per_cta = 0;  // 0: the heuristic; > 0: the stream-K cut with this many units per
+                          // resident CTA; < 0: whole rows as units
 };
 void set_stream_gemm_tuning(const StreamGemmTuning& t);
 

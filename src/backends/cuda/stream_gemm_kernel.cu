@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/nvfp4_layout.h"
@@ -17,56 +18,37 @@
 namespace locus::cuda::detail {
 namespace {
 
-// Warps per CTA (W); each streams 1/W of the CTA's unit. NVFP4 with more than 8 tokens takes 8:
-// it dequantizes in registers and needs the warps to hide its instruction latency (H200,
-// docs/benchmarks.md: 5-10 % faster at M = 16 and 32 on the large shapes; at M = 1 four warps
-// are as fast or faster). BF16 takes 4.
+// Warps per CTA (W); each streams 1/W of the CTA's row segment. NVFP4 takes 8: it dequantizes in
+// registers and needs the warps (two such CTAs per SM) to keep both the issue slots and the
+// copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM stream and dequantize at
+// about 3.5 TB/s, 4 at 1.5-1.7). BF16 takes 4.
 template <StreamWeight F, int MB>
-constexpr int warps_per_cta() { return F == StreamWeight::kNVFP4 && MB > 1 ? 8 : 4; }
+constexpr int warps_per_cta() { return F == StreamWeight::kNVFP4 ? 8 : 4; }
 template <StreamWeight F, int MB>
 constexpr int kThreads = warps_per_cta<F, MB>() * 32;  // per CTA
 
 // Per-launch constants computed on the host.
 struct Plan {
-  int32_t chunks;   // K chunks per row group
-  int32_t splits;   // S: units per row-group half
-  int32_t units[kStreamGemmMaxDomains];  // queue length per domain
+  int32_t chunks;  // C: K chunks per row (one group-half of one batch entry of a part)
+  int32_t rows[kStreamGemmMaxDomains];   // rows per domain (its parts' rows end to end)
+  int32_t units[kStreamGemmMaxDomains];  // units per domain: equal cuts of its rows * C chunks
+  int32_t max_segments;                  // partial slots per row (units that can touch one row)
   unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][row-group counters...]
-  float4* partials;    // [slot][tile of the group][MB][32 lanes]
+  float4* partials;    // [row slot][segment][tile of the group][MB][32 lanes]
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
-  int32_t ring_bytes;  // one warp's stages (also its share's sums after a unit)
+  int32_t ring_bytes;  // one warp's stages
+  int32_t stages;      // its ring depth, 2..4
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
+constexpr int kMaxUnitRows = 3;  // rows one unit may touch (bounds the CTA's row slots)
 constexpr int kTileCounters = kStreamGemmMaxDomains + 1;
 
-// ---- cp.async: global -> shared without registers, so that many chunks are in flight per warp ----
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  // With a source size of 0 nothing is read and the 16 bytes are zero-filled.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
-  uint16_t v;
-  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
-  return v;
-}
-
-// One work unit: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
-// (gate or up) of one batch entry of one part.
+// One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
+// (gate or up) of one batch entry of one part; segment s of the row's `segments`.
 struct Unit {
-  int32_t part, batch, group, half, s, c0, n, pad;
+  int32_t part, batch, group, half, s, segments, c0, n;
 };
 
 // A stage holds one chunk of a row group: its weights (kWeightBytes), then the activation rows
@@ -78,10 +60,12 @@ template <StreamWeight F>
 struct Format;
 
 // NVFP4: 4 tiles x 64 K: per tile 512 bytes (16 per lane) and 64 bytes of scale codes (2 per
-// lane); each lane's activations are its token's 16 K values of the chunk (one scale block).
+// lane); each lane's activations are its token's 16 K values of the chunk (one scale block). In
+// the group-major layout a group's chunk is 2 KB of codes and 256 bytes of scales, each
+// contiguous, and the next chunk follows them.
 template <>
 struct Format<StreamWeight::kNVFP4> {
-  static constexpr int kGroupTiles = 4;
+  static constexpr int kGroupTiles = kNvfp4GroupTiles;
   static constexpr int kChunkK = 64;
   static constexpr int kWeightBytes = kGroupTiles * (512 + 64);
   static constexpr int kXRowBytes = 128;
@@ -95,18 +79,21 @@ struct Format<StreamWeight::kNVFP4> {
     for (int r = 0; r < kGroupTiles; ++r) {
       // Tiles past the part's end read its last tile (valid memory); their outputs are dropped.
       const int tile = min(u.group * kGroupTiles + r, p.tiles - 1);
-      const int64_t at = (static_cast<int64_t>(tile) + u.half * p.up_offset) * chunks + u.c0;
+      const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
       src.w[r] = static_cast<const uint8_t*>(p.w) + (at * 32 + lane) * 16;
     }
     const int tile = min(u.group * kGroupTiles + (lane >> 2), p.tiles - 1);
-    const int64_t at = (static_cast<int64_t>(tile) + u.half * p.up_offset) * chunks + u.c0;
+    const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
     src.s = reinterpret_cast<const uint8_t*>(p.scales) + at * 64 + (lane & 3) * 16;
     return src;
   }
+  // Chunk j of a tile is j * 4 tiles after chunk 0 (group-major).
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t, int lane) {
 #pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r) cp_async16(slot + r * 512 + lane * 16, src.w[r] + static_cast<int64_t>(j) * 512, true);
-    if (lane < 4 * kGroupTiles) cp_async16(slot + kGroupTiles * 512 + lane * 16, src.s + static_cast<int64_t>(j) * 64, true);
+    for (int r = 0; r < kGroupTiles; ++r)
+      cp_async16(slot + r * 512 + lane * 16, src.w[r] + static_cast<int64_t>(j) * (kGroupTiles * 512), true);
+    if (lane < 4 * kGroupTiles)
+      cp_async16(slot + kGroupTiles * 512 + lane * 16, src.s + static_cast<int64_t>(j) * (kGroupTiles * 64), true);
   }
   // The landed chunk in `slot` times the activation rows m < m_count, into acc.
   template <int MB>
@@ -218,14 +205,13 @@ struct Format<StreamWeight::kBF16> {
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
 };
 
-// Pipeline stages per warp: about 8 KB of weights in flight per warp (enough, with a few warps
-// per SM, to cover the memory latency) within a shared-memory budget that fits several CTAs.
+// Most pipeline stages per warp; launch_typed takes fewer where that keeps two CTAs per SM
+// (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
 template <StreamWeight F, int MB>
-constexpr int pipeline_stages() {
-  if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 6 : MB == 2 ? 5 : 4;
+constexpr int max_pipeline_stages() {
+  if constexpr (F == StreamWeight::kNVFP4) return 4;
   else return MB == 4 ? 2 : 3;
 }
-// Unit descriptors between the producer (ahead) and the consumer: at most one per stage, + 1.
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
@@ -256,93 +242,270 @@ __device__ __forceinline__ void store_tile(const StreamGemmArgs& a, const Stream
   }
 }
 
-// The part, batch entry, row group, half and K range of unit `unit` of `domain`'s queue.
+// The unit of `domain` that holds chunk x of the domain's rows laid end to end: the largest i with
+// start(i) = T * i / U <= x (T = rows * C chunks, U units, U <= T so that no unit is empty).
+__device__ __forceinline__ int64_t unit_of(const Plan& pl, int domain, int64_t x) {
+  const int64_t t = static_cast<int64_t>(pl.rows[domain]) * pl.chunks;
+  return ((x + 1) * pl.units[domain] - 1) / t;
+}
+// How many units cut row r of `domain`, and the first of them.
+__device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t r, int64_t* first) {
+  const int64_t c = pl.chunks;
+  *first = unit_of(pl, domain, r * c);
+  return static_cast<int>(unit_of(pl, domain, r * c + c - 1) - *first + 1);
+}
+
+// The part, batch entry, row group and half of row r of `domain`, with chunks [c0, c1) of it as
+// segment (unit - first unit of the row).
 template <int H>
-__device__ __forceinline__ Unit decode_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit) {
+__device__ __forceinline__ Unit decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
+                                               int unit, int c0, int c1) {
   Unit u{};
   for (int q = 0; q < a.num_parts; ++q) {
     const StreamGemmPart& cand = a.parts[q];
-    if (cand.domain == domain && unit >= cand.unit_begin && unit < cand.unit_begin + cand.batch * cand.groups * H * pl.splits) {
+    if (cand.domain == domain && r >= cand.row_begin && r < cand.row_begin + cand.batch * cand.groups * H) {
       u.part = q;
       break;
     }
   }
   const StreamGemmPart& p = a.parts[u.part];
-  // Units are split-major: consecutive units share a K range (and so the activations in L2).
-  const int local = unit - p.unit_begin;
-  const int group_halves = p.batch * p.groups * H;
-  u.s = local / group_halves;
-  const int batch_group = (local % group_halves) / H;
+  // Rows are (batch entry, group, half)-major in that order: a group's gate and up rows are
+  // neighbours, so one unit often covers both.
+  const int local = static_cast<int>(r - p.row_begin);
+  u.half = local % H;
+  const int batch_group = local / H;
   u.batch = batch_group / p.groups;
   u.group = batch_group % p.groups;
-  u.half = local % H;
-  u.c0 = static_cast<int>(static_cast<int64_t>(pl.chunks) * u.s / pl.splits);
-  u.n = static_cast<int>(static_cast<int64_t>(pl.chunks) * (u.s + 1) / pl.splits) - u.c0;
+  int64_t first = 0;
+  u.segments = row_segments(pl, domain, r, &first);
+  u.s = static_cast<int>(unit - first);
+  u.c0 = c0;
+  u.n = c1 - c0;
   return u;
 }
 
-// Streams chunks [c0, c1) of unit u through this warp's cp.async ring (STAGES - 1 chunks ahead)
-// into acc.
-template <StreamWeight F, int MB>
-__device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, const Unit& u, int c0, int c1,
-                                            uint32_t ring, int lane, float (&acc)[Format<F>::kGroupTiles][MB][4]) {
+// The shared-memory slot where warp w leaves its sums for row r of the unit whose first row is
+// r_first: slot w + (r - r_first) (injective, since a warp's rows start where the previous warp's
+// end), R tiles x MB x 32 lanes of float4.
+__device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, int w, int64_t r, int64_t r_first) {
+  return reinterpret_cast<float4*>(slots) + (w + static_cast<int>(r - r_first)) * slot_floats4;
+}
+
+// Streams chunks [wb, we) of `domain`'s rows laid end to end (C chunks per row) through this
+// warp's cp.async ring (STAGES - 1 chunks ahead, across row boundaries, so the pipeline never
+// drains inside a unit), and leaves the sums of each row it touched in its row slot.
+template <StreamWeight F, int MB, int H>
+__device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t wb, int64_t we,
+                                            int64_t r_first, uint32_t ring, uint8_t* slots, int warp, int lane) {
   using Fmt = Format<F>;
-  constexpr int kStages = pipeline_stages<F, MB>();
+  const int stages = pl.stages;
+  constexpr int R = Fmt::kGroupTiles;
   const int g = lane >> 2, t = lane & 3;
-  const StreamGemmPart& p = a.parts[u.part];
-  Unit from = u;
-  from.c0 = c0;
-  const typename Fmt::Source src = Fmt::source(p, pl.chunks, from, lane);
-  const uint16_t* x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
-  const int n = c1 - c0;
-  auto issue = [&](int j) {  // chunk j of the range into stage j % kStages; always one commit group
+  const int64_t c = pl.chunks;
+  const int n = static_cast<int>(we - wb);
+  // The issue cursor (chunks are issued in order): the row being copied, its next chunk, and the
+  // row's weight and activation sources.
+  int64_t issue_row = wb / c;
+  int issue_chunk = static_cast<int>(wb - issue_row * c);
+  typename Fmt::Source src{};
+  const uint16_t* x = nullptr;
+  auto load_row = [&] {
+    const Unit u = decode_segment<H>(a, pl, domain, issue_row, 0, 0, 0);
+    const StreamGemmPart& p = a.parts[u.part];
+    src = Fmt::source(p, pl.chunks, u, lane);  // chunk 0 of the row
+    x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
+  };
+  load_row();
+  int issue_stage = 0;       // the stage chunk j goes into: j % stages, kept incrementally
+  auto issue = [&](int j) {  // chunk j of the range into its stage; always one commit group
     if (j < n) {
-      const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
-      Fmt::issue_weights(slot, src, j, a.k, lane);
-      const int64_t k0 = static_cast<int64_t>(c0 + j) * Fmt::kChunkK;
+      if (issue_chunk == c) {
+        ++issue_row;
+        issue_chunk = 0;
+        load_row();
+      }
+      const uint32_t slot = ring + issue_stage * pl.slot_bytes;
+      if (++issue_stage == stages) issue_stage = 0;
+      Fmt::issue_weights(slot, src, issue_chunk, a.k, lane);
+      const int64_t k0 = static_cast<int64_t>(issue_chunk) * Fmt::kChunkK;
 #pragma unroll
       for (int b = 0; b < MB; ++b) {
         const int m = 8 * b + g;
         if (m < a.m) Fmt::issue_x(slot + Fmt::kWeightBytes, x + m * a.x_ld, k0, a.k, m, t);
       }
+      ++issue_chunk;
     }
     cp_async_commit();
   };
+  float acc[R][MB][4];
+  auto clear = [&] {
 #pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) issue(j);
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
+  };
+  auto leave = [&](int64_t row) {
+    float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+        out[(r * MB + b) * 32 + lane] = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+  };
+  clear();
+  int64_t row = wb / c;  // the compute cursor: the row of chunk j and its chunks left
+  int64_t left = (row + 1) * c - wb;
+  for (int j = 0; j < stages - 1; ++j) issue(j);
+  int stage = 0;  // chunk j's stage
   for (int j = 0; j < n; ++j) {
     __syncwarp();  // every lane has read the stage that is refilled next
-    issue(j + kStages - 1);
-    cp_async_wait<kStages - 1>();
+    issue(j + stages - 1);
+    cp_async_wait_pending(stages - 1);
     __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
-    const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
+    if (left == 0) {  // the previous row is done
+      leave(row);
+      clear();
+      ++row;
+      left = c;
+    }
+    --left;
+    const uint32_t slot = ring + stage * pl.slot_bytes;
+    if (++stage == stages) stage = 0;
     Fmt::template mma<MB>(slot, lane, a.m, acc);
   }
   cp_async_wait<0>();
   __syncwarp();
+  leave(row);
 }
 
-// Each CTA takes one unit at a time (a row group's K range, own domain first), its warps split
-// the range W ways and stream their shares, the shares are added in shared memory in warp
-// order, and warp r writes tile r of the group: directly when the group is one unit, else as a
-// partial that the group's last unit adds in unit order (deterministic either way).
+// The end of a unit, after its warps have streamed: for each of its row segments (at most
+// kMaxUnitRows) and each tile of the row group, a warp adds the sums of the warps that touched
+// the row, in warp order, and writes the outputs directly when the segment is the whole row (no
+// SwiGLU), else stores a partial; then one arrival per row group counts the partials, and the
+// group's last segment adds them in segment order (deterministic either way). The rows proceed
+// side by side, so the unit pays the partials' memory round trips (fence, count, read) once.
+// Ends with a barrier.
+template <StreamWeight F, int MB, int H>
+__device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit,
+                                            int64_t begin, int64_t end, uint8_t* slots, int warp, int lane,
+                                            unsigned* s_last) {
+  using Fmt = Format<F>;
+  constexpr int W = warps_per_cta<F, MB>();
+  constexpr int R = Fmt::kGroupTiles;
+  const int64_t c = pl.chunks, r_first = begin / c;
+  const int rows = static_cast<int>((end - 1) / c - r_first + 1);
+  auto segment = [&](int i) {
+    const int64_t r = r_first + i;
+    const int c0 = static_cast<int>(max(begin, r * c) - r * c), c1 = static_cast<int>(min(end, r * c + c) - r * c);
+    return decode_segment<H>(a, pl, domain, r, unit, c0, c1);
+  };
+  auto direct = [](const Unit& u) { return H == 1 && u.segments == 1; };
+  // Partial slots: (the part's first slot row + the row) * max_segments + segment, then the tile.
+  auto partial = [&](const StreamGemmPart& p, int batch_group, int half, int seg, int tile) {
+    const int64_t row = static_cast<int64_t>(p.slot_row_base) + batch_group * H + half;
+    return pl.partials + ((row * pl.max_segments + seg) * R + tile) * MB * 32;
+  };
+
+  for (int task = warp; task < rows * R; task += W) {  // (row segment, tile of the group)
+    const int i = task / R, tile = task % R;
+    const int64_t r = r_first + i;
+    const Unit u = segment(i);
+    const StreamGemmPart& p = a.parts[u.part];
+    float v[1][MB][4];
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[0][b][e] = 0.f;
+    for (int w = 0; w < W; ++w) {
+      const int64_t wb = begin + (end - begin) * w / W, we = begin + (end - begin) * (w + 1) / W;
+      if (we <= wb || we <= r * c || wb >= r * c + c) continue;  // warp w did not touch row r
+      const float4* in = row_slot(slots, R * MB * 32, w, r, r_first);
+#pragma unroll
+      for (int b = 0; b < MB; ++b) {
+        const float4 q = in[(tile * MB + b) * 32 + lane];
+        v[0][b][0] += q.x;
+        v[0][b][1] += q.y;
+        v[0][b][2] += q.z;
+        v[0][b][3] += q.w;
+      }
+    }
+    if (direct(u)) {
+      store_tile<F, MB, 1>(a, p, u.batch, u.group * R + tile, lane, v);
+    } else {
+      float4* mine = partial(p, u.batch * p.groups + u.group, u.half, u.s, tile);
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+        __stcg(mine + b * 32 + lane, make_float4(v[0][b][0], v[0][b][1], v[0][b][2], v[0][b][3]));
+    }
+  }
+  __threadfence();  // the partials are visible before they are counted
+  __syncthreads();
+  if (threadIdx.x < rows) {  // one arrival per partial row segment
+    const Unit u = segment(threadIdx.x);
+    unsigned last = 0;
+    if (!direct(u)) {
+      const StreamGemmPart& p = a.parts[u.part];
+      const int batch_group = u.batch * p.groups + u.group;
+      int total = 0;  // the group's segments over its H rows (each row's own unit cuts)
+      for (int h = 0; h < H; ++h) {
+        int64_t first = 0;
+        total += h == u.half ? u.segments : row_segments(pl, domain, p.row_begin + batch_group * H + h, &first);
+      }
+      last = atomicAdd(pl.counters + kTileCounters + p.group_base + batch_group, 1u) == static_cast<unsigned>(total - 1);
+    }
+    s_last[threadIdx.x] = last;
+  }
+  __syncthreads();
+  for (int task = warp; task < rows * R; task += W) {  // the last segment of a group adds it up
+    const int i = task / R, tile = task % R;
+    if (!s_last[i]) continue;
+    __threadfence();
+    const Unit u = segment(i);
+    const StreamGemmPart& p = a.parts[u.part];
+    const int batch_group = u.batch * p.groups + u.group;
+    float sum[H][MB][4];
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sum[h][b][e] = 0.f;
+      int64_t first = 0;
+      const int segments = row_segments(pl, domain, p.row_begin + batch_group * H + h, &first);
+      for (int s2 = 0; s2 < segments; ++s2) {
+        const float4* src = partial(p, batch_group, h, s2, tile);
+#pragma unroll
+        for (int b = 0; b < MB; ++b) {
+          const float4 f = __ldcg(src + b * 32 + lane);
+          sum[h][b][0] += f.x;
+          sum[h][b][1] += f.y;
+          sum[h][b][2] += f.z;
+          sum[h][b][3] += f.w;
+        }
+      }
+    }
+    store_tile<F, MB, H>(a, p, u.batch, u.group * R + tile, lane, sum);
+    // Ready for the next launch (graph replays too); every reader of the counter has arrived.
+    if (tile == 0 && lane == 0) pl.counters[kTileCounters + p.group_base + batch_group] = 0;
+  }
+  __syncthreads();
+}
+
+// Each CTA takes one unit at a time (own domain first, then the others') and runs its row
+// segments in order.
 template <StreamWeight F, int MB, int H>
 __global__ void __launch_bounds__(kThreads<F, MB>)
     stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl) {
-  using Fmt = Format<F>;
-  constexpr int W = warps_per_cta<F, MB>();
-  constexpr int kStages = pipeline_stages<F, MB>();
-  constexpr int R = Fmt::kGroupTiles;
-  static_assert(R <= W, "one warp per tile in the reduction");
+  static_assert(Format<F>::kGroupTiles <= warps_per_cta<F, MB>(), "one warp per tile in the reduction");
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_domain, s_unit;
-  __shared__ unsigned s_arrived;
+  __shared__ unsigned s_last[kMaxUnitRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int W = warps_per_cta<F, MB>();
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
-  // After a unit's pipelines drain, each warp's ring holds its share's sums for the reduction.
-  auto share = [&](int w, int r, int b) {
-    return reinterpret_cast<float4*>(smem + w * pl.ring_bytes) + (r * MB + b) * 32;
-  };
+  uint8_t* slots = smem + W * pl.ring_bytes;  // the row slots (row_slot) after the W rings
 
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -352,7 +515,6 @@ __global__ void __launch_bounds__(kThreads<F, MB>)
     home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
   }
   unsigned exhausted = 0;  // (thread 0's)
-  const int units_per_group = H * pl.splits;
   while (true) {
     if (threadIdx.x == 0) {
       s_domain = -1;
@@ -370,91 +532,17 @@ __global__ void __launch_bounds__(kThreads<F, MB>)
       }
     }
     __syncthreads();
-    if (s_domain < 0) break;
-    const Unit u = decode_unit<H>(a, pl, s_domain, s_unit);
-    const StreamGemmPart& p = a.parts[u.part];
-
-    float acc[R][MB][4];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-    const int wc0 = u.c0 + u.n * warp / W, wc1 = u.c0 + u.n * (warp + 1) / W;
-    if (wc1 > wc0) warp_stream<F, MB>(a, pl, u, wc0, wc1, ring, lane, acc);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b) *(share(warp, r, b) + lane) = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+    const int domain = s_domain, unit = s_unit;
+    if (domain < 0) break;
+    // The unit's chunks [begin, end) of the domain's rows laid end to end: warp w streams its
+    // 1/W of them, then the CTA finishes the unit's row segments one by one.
+    const int64_t c = pl.chunks, t = static_cast<int64_t>(pl.rows[domain]) * c;
+    const int64_t begin = t * unit / pl.units[domain], end = t * (unit + 1) / pl.units[domain];
+    const int64_t r_first = begin / c;
+    const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
+    if (we > wb) warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane);
     __syncthreads();
-
-    // Warp r owns tile r of the group: the unit's sum over the W shares, in warp order.
-    float v[MB][4];
-    if (warp < R) {
-#pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        float4 sum = *(share(0, warp, b) + lane);
-#pragma unroll
-        for (int w = 1; w < W; ++w) {
-          const float4 q = *(share(w, warp, b) + lane);
-          sum.x += q.x;
-          sum.y += q.y;
-          sum.z += q.z;
-          sum.w += q.w;
-        }
-        v[b][0] = sum.x;
-        v[b][1] = sum.y;
-        v[b][2] = sum.z;
-        v[b][3] = sum.w;
-      }
-    }
-    const int tile = u.group * R + warp;
-    if (units_per_group == 1) {
-      if (warp < R) {
-        const float(&vv)[1][MB][4] = reinterpret_cast<const float(&)[1][MB][4]>(v);
-        store_tile<F, MB, 1>(a, p, u.batch, tile, lane, vv);
-      }
-      __syncthreads();  // the rings are refilled by the next unit
-      continue;
-    }
-    const int batch_group = u.batch * p.groups + u.group;
-    const int64_t group_slot0 = p.partial_base + static_cast<int64_t>(batch_group) * units_per_group;
-    if (warp < R) {
-      float4* mine = pl.partials + ((group_slot0 + u.half * pl.splits + u.s) * R + warp) * MB * 32;
-#pragma unroll
-      for (int b = 0; b < MB; ++b) __stcg(mine + b * 32 + lane, make_float4(v[b][0], v[b][1], v[b][2], v[b][3]));
-      __threadfence();
-    }
-    __syncthreads();
-    unsigned* counter = pl.counters + kTileCounters + p.tile_base + batch_group;
-    if (threadIdx.x == 0) s_arrived = atomicAdd(counter, 1u);
-    __syncthreads();
-    if (s_arrived == static_cast<unsigned>(units_per_group - 1) && warp < R) {
-      __threadfence();
-      float sum[H][MB][4];
-#pragma unroll
-      for (int h = 0; h < H; ++h) {
-#pragma unroll
-        for (int b = 0; b < MB; ++b)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sum[h][b][e] = 0.f;
-        for (int s2 = 0; s2 < pl.splits; ++s2) {
-          const float4* src = pl.partials + ((group_slot0 + h * pl.splits + s2) * R + warp) * MB * 32;
-#pragma unroll
-          for (int b = 0; b < MB; ++b) {
-            const float4 f = __ldcg(src + b * 32 + lane);
-            sum[h][b][0] += f.x;
-            sum[h][b][1] += f.y;
-            sum[h][b][2] += f.z;
-            sum[h][b][3] += f.w;
-          }
-        }
-      }
-      store_tile<F, MB, H>(a, p, u.batch, tile, lane, sum);
-      if (warp == 0 && lane == 0) *counter = 0;  // ready for the next launch (graph replays too)
-    }
-    __syncthreads();
+    finish_unit<F, MB, H>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);
   }
   // The last CTA out resets the unit counters for the next launch.
   if (threadIdx.x == 0) {
@@ -512,7 +600,7 @@ int sm_count_for(cudaStream_t stream) {
   return sms;
 }
 
-std::atomic<int> g_units_per_sm{0};
+std::atomic<int> g_units_per_cta{0};
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
 template <StreamWeight F, int MB, int H>
@@ -539,57 +627,111 @@ int blocks_per_sm(int smem_bytes) {
   return n;
 }
 
+// Stream-K: a domain's T = rows * C chunks cut into units of equal length, about `upc` (default
+// 1) per resident CTA over all domains (in proportion to their work), each at least two chunks
+// per warp where that leaves units to spare (so a warp's pipeline has something to overlap), and
+// short enough to touch at most kMaxUnitRows rows (L <= (kMaxUnitRows - 1) * C + 1).
+int64_t stream_k_units(int64_t t, int64_t c, int64_t chunks_total, int max_blocks, int warps) {
+  const int upc = g_units_per_cta.load() > 0 ? g_units_per_cta.load() : 1;
+  const int64_t want = (static_cast<int64_t>(max_blocks) * upc * t + chunks_total / 2) / chunks_total;
+  const int64_t max_len = static_cast<int64_t>(kMaxUnitRows - 1) * c + 1;
+  const int64_t units = std::min<int64_t>(want, t / (2 * warps));
+  return std::clamp<int64_t>(std::max<int64_t>(units, (t + max_len - 1) / max_len), 1, t);
+}
+
+// Whole rows as units (no partials, no counters: each CTA writes its rows' outputs) unless that
+// leaves the busiest SM with clearly more weight than the stream-K cut would: more than
+// kPartialChunks more chunks, about what the partials' round trips (store, fence, count, read)
+// cost at the end of a stream-K unit (2-3 us at ~10 chunks per us per SM on the H200).
+// SwiGLU always needs partials (gate and up are separate rows), so it takes the stream-K cut.
+constexpr int64_t kPartialChunks = 25;
+// Also stream-K when the rows would not all run at once (a second round of rows restarts the
+// pipelines) or would give a warp fewer than two chunks.
+bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int sms, int max_blocks, int warps, int h) {
+  const int tuning = g_units_per_cta.load();
+  if (tuning != 0) return tuning < 0;  // forced by a benchmark sweep: < 0 whole rows, > 0 stream-K
+  if (h != 1 || pl.chunks < 2 * warps) return false;
+  for (int d = 0; d < num_domains; ++d) {
+    const int64_t t = static_cast<int64_t>(pl.rows[d]) * pl.chunks;
+    if (t == 0) continue;
+    const int64_t share = std::max<int64_t>(1, sms * t / chunks_total);  // this domain's SMs
+    const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(max_blocks) * t / chunks_total);
+    const int64_t whole = (pl.rows[d] + share - 1) / share * pl.chunks, cut = t / share;
+    if (pl.rows[d] > ctas || whole > cut + kPartialChunks) return false;
+  }
+  return true;
+}
+
+// The deepest ring (2..max_stages) with which two CTAs fit an SM's shared memory, else one CTA.
+int ring_stages(int slot_bytes, int warps, int fixed_bytes, int max_stages) {
+  static const int sm_bytes = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    return n;
+  }();
+  const int reserved = 1024 + 64;  // the runtime's share per CTA, the kernel's static variables
+  for (int ctas : {2, 1}) {
+    const int stages = (sm_bytes / ctas - reserved - fixed_bytes) / (warps * slot_bytes);
+    if (stages >= 2) return std::min(stages, max_stages);
+  }
+  return 2;  // blocks_per_sm reports it if even this does not fit
+}
+
 template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
-  // (A warp's ring also holds its share's sums after the unit: R * MB * 32 float4.)
-  const int ring_bytes = std::max(pipeline_stages<F, MB>() * slot_bytes, Format<F>::kGroupTiles * MB * 512);
   constexpr int W = warps_per_cta<F, MB>();
-  const int smem_bytes = W * ring_bytes;
+  // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
+  const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
+  const int stages = ring_stages(slot_bytes, W, slots_bytes, max_pipeline_stages<F, MB>());
+  const int ring_bytes = stages * slot_bytes;
+  const int smem_bytes = W * ring_bytes + slots_bytes;
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
 
   constexpr int R = Format<F>::kGroupTiles;
-  int64_t group_halves = 0;
-  for (int i = 0; i < a.num_parts; ++i) {
-    a.parts[i].tiles = (a.parts[i].rows + 15) / 16;
-    a.parts[i].groups = (a.parts[i].tiles + R - 1) / R;
-    group_halves += static_cast<int64_t>(a.parts[i].batch) * a.parts[i].groups * H;
-  }
-  // S: about `ups` units per SM. Splitting K across CTAs costs a chain of memory round trips
-  // (partials, fence, counter, the last unit's reads), so S stays 1 whenever the row groups
-  // alone give every SM work; each warp's share of a unit is at least one chunk.
-  const int ups = g_units_per_sm.load() > 0 ? g_units_per_sm.load() : 1;
-  const int64_t target_units = static_cast<int64_t>(sm_count_for(stream)) * ups;
-  int64_t splits = (target_units + group_halves / 2) / std::max<int64_t>(group_halves, 1);
-  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, chunks / W));
-
   Plan pl{};
   pl.chunks = chunks;
-  pl.splits = static_cast<int32_t>(splits);
-  int64_t tiles_total = 0, slots_total = 0;
+  int64_t groups_total = 0, rows_total = 0;
   for (int i = 0; i < a.num_parts; ++i) {
     StreamGemmPart& p = a.parts[i];
-    p.unit_begin = pl.units[p.domain];
-    const int64_t units = static_cast<int64_t>(p.batch) * p.groups * H * splits;
-    LOCUS_CHECK(pl.units[p.domain] + units < (1LL << 30), "streaming GEMM: too many work units");
-    pl.units[p.domain] += static_cast<int32_t>(units);
-    p.tile_base = static_cast<int32_t>(tiles_total);
-    tiles_total += static_cast<int64_t>(p.batch) * p.groups;
-    p.partial_base = slots_total;
-    if (H * splits > 1) slots_total += units;
+    p.tiles = (p.rows + 15) / 16;
+    p.groups = (p.tiles + R - 1) / R;
+    const int64_t rows = static_cast<int64_t>(p.batch) * p.groups * H;
+    LOCUS_CHECK(pl.rows[p.domain] + rows < (1LL << 30), "streaming GEMM: too many row groups");
+    p.row_begin = pl.rows[p.domain];
+    pl.rows[p.domain] += static_cast<int32_t>(rows);
+    p.group_base = static_cast<int32_t>(groups_total);
+    groups_total += static_cast<int64_t>(p.batch) * p.groups;
+    p.slot_row_base = static_cast<int32_t>(rows_total);
+    rows_total += rows;
   }
+  int64_t chunks_total = 0;
+  for (int d = 0; d < a.num_domains; ++d) chunks_total += static_cast<int64_t>(pl.rows[d]) * chunks;
+  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), max_blocks, W, H);
   int64_t all_units = 0;
-  for (int d = 0; d < a.num_domains; ++d) all_units += pl.units[d];
+  pl.max_segments = 1;
+  for (int d = 0; d < a.num_domains; ++d) {
+    const int64_t t = static_cast<int64_t>(pl.rows[d]) * chunks;
+    if (t == 0) continue;
+    const int64_t units = rows_whole ? pl.rows[d] : stream_k_units(t, chunks, chunks_total, max_blocks, W);
+    pl.units[d] = static_cast<int32_t>(units);
+    all_units += units;
+    // Units are at least floor(T / U) chunks long, so a row of C chunks meets at most
+    // ceil(C / that) + 1 of them.
+    pl.max_segments = std::max<int32_t>(pl.max_segments, static_cast<int32_t>((chunks - 1) / (t / units) + 2));
+  }
   const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, all_units));
   pl.total_ctas = blocks;
-  Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(tiles_total),
-                          std::max<size_t>(1, static_cast<size_t>(slots_total) * R * MB * 32));
+  Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(groups_total),
+                          std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
   pl.ring_bytes = ring_bytes;
+  pl.stages = stages;
   stream_gemm_kernel<F, MB, H><<<blocks, kThreads<F, MB>, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
@@ -605,7 +747,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_sm.store(t.units_per_sm); }
+void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_cta.store(t.units_per_cta); }
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {
   if (a.m < 1 || a.m > kStreamGemmMaxM || a.k < 1) return false;

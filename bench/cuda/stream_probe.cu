@@ -1,0 +1,265 @@
+// Ceilings of the weight-streaming GEMM's two halves on the device it runs on, measured apart:
+// how fast a CTA's warps can pull a contiguous weight stream into shared memory (per-lane
+// 16-byte cp.async, or one TMA bulk copy per stage), and how fast they can dequantize and
+// multiply NVFP4 chunks that are already in shared memory, and both together. Standalone (no
+// liblocus; CMake target cuda_stream_probe, carried by tools/gpu/package.sh). Prints a table row per
+// configuration in GB/s of weight bytes streamed (NVFP4: 0.5625 B per weight). `--short`: one
+// launch per DeepSeek-V3-sized weight (8-74 MB) instead of 512 MB, back to back, so that each warp
+// has only a few chunks, as in the real kernel.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/mma_fragments.cuh"
+
+using namespace locus::cuda::detail;
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace {
+
+constexpr int kChunkBytes = 2304;  // one NVFP4 row group chunk: 4 tiles x 512 codes + 4 x 64 scales
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// The candidate word layout: pair p's bits rotated by 6p (pair 3 split over two rotations), so
+// that a pair costs 1-4 instructions before its scale multiply instead of about 5.
+__device__ __forceinline__ uint32_t rotr(uint32_t w, int s) { return __funnelshift_r(w, w, s); }
+__device__ __forceinline__ void dequant_word_v2(uint32_t w, uint32_t scale2, uint32_t (&r)[4]) {
+  constexpr uint32_t kMask = 0x81C081C0u;
+  r[0] = bf16x2_mul(w & kMask, scale2);
+  r[1] = bf16x2_mul(rotr(w, 6) & kMask, scale2);
+  r[2] = bf16x2_mul(rotr(w, 12) & kMask, scale2);
+  r[3] = bf16x2_mul((rotr(w, 26) & 0x00400040u) | (rotr(w, 2) & 0x81808180u), scale2);
+}
+template <int MB>
+__device__ __forceinline__ void chunk_mma_v2(const uint4& wv, uint32_t sc, const uint4 (&xv)[MB][2],
+                                             float (&acc)[MB][4]) {
+  uint32_t lo[8], hi[8];
+  const uint32_t s_lo = nvfp4_scale_pair(sc & 0xFFu), s_hi = nvfp4_scale_pair((sc >> 8) & 0xFFu);
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t r[4];
+    dequant_word_v2(uint4_word(wv, w), w < 2 ? s_lo : s_hi, r);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) (w < 2 ? lo : hi)[4 * (w & 1) + p] = r[p];
+  }
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+      mma_bf16_16816(acc[b], lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], uint4_word(xv[b][(2 * s) / 4], (2 * s) % 4),
+                     uint4_word(xv[b][(2 * s + 1) / 4], (2 * s + 1) % 4));
+}
+
+// The consumer of one landed stage: NVFP4 4-tile chunks (kCompute) or a read of every byte.
+template <bool kCompute, int MB, bool kV2 = false>
+__device__ __forceinline__ void consume(uint32_t stage, int chunks, uint32_t xs, int lane, float (&acc)[4][MB][4],
+                                        uint32_t& sink) {
+  if constexpr (kCompute) {
+    const int g = lane >> 2, t = lane & 3;
+    uint4 xv[MB][2];
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const uint32_t at = xs + ((8 * b + g) * 4 + t) * 32;
+      xv[b][0] = lds128(at);
+      xv[b][1] = lds128(at + 16);
+    }
+    for (int c = 0; c < chunks; ++c) {
+      const uint32_t s = stage + c * kChunkBytes;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if constexpr (kV2)
+          chunk_mma_v2<MB>(lds128(s + r * 512 + lane * 16), lds16(s + 2048 + r * 64 + lane * 2), xv, acc[r]);
+        else
+          nvfp4_chunk_mma<MB>(lds128(s + r * 512 + lane * 16), lds16(s + 2048 + r * 64 + lane * 2), xv, acc[r]);
+      }
+    }
+  } else {
+    for (int off = lane * 16; off < chunks * kChunkBytes; off += 512) {
+      const uint4 v = lds128(stage + off);
+      sink ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+  }
+}
+
+// Mode: 0 cp.async per lane, 1 one bulk copy per stage, 2 no copies (compute from a fixed stage).
+template <int kMode, bool kCompute, int MB, bool kV2>
+__global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int stage_chunks, int stages,
+                      unsigned* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int stage_bytes = stage_chunks * kChunkBytes;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t xs = base;                                  // 4 KB of "activations"
+  const uint32_t bars = base + 4096;                         // one mbarrier per stage per warp
+  const uint32_t ring = base + 4096 + 8 * 64 + warp * stages * stage_bytes;
+  const uint32_t bar0 = bars + warp * 8 * 8;
+  if (kMode == 1 && lane == 0)
+    for (int s = 0; s < stages; ++s) mbar_init(bar0 + 8 * s, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
+  const int64_t gw = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  const uint8_t* src = w + gw * bytes_per_warp;
+  const int n = static_cast<int>(bytes_per_warp / stage_bytes);
+  float acc[4][MB][4] = {};
+  uint32_t sink = 0;
+  auto issue = [&](int j) {
+    if (kMode == 0) {
+      if (j < n)
+        for (int off = lane * 16; off < stage_bytes; off += 512)
+          cp_async16(ring + (j % stages) * stage_bytes + off, src + static_cast<int64_t>(j) * stage_bytes + off);
+      cp_async_commit();
+    } else if (kMode == 1) {
+      if (j < n && lane == 0)
+        bulk_copy(ring + (j % stages) * stage_bytes, src + static_cast<int64_t>(j) * stage_bytes, stage_bytes,
+                  bar0 + 8 * (j % stages));
+    }
+  };
+  for (int j = 0; j < stages - 1; ++j) issue(j);
+  for (int j = 0; j < n; ++j) {
+    __syncwarp();
+    issue(j + stages - 1);
+    if (kMode == 0) {  // chunk j has landed when at most stages - 1 newer groups are pending
+      if (stages == 4) cp_async_wait<3>();
+      else if (stages == 6) cp_async_wait<5>();
+      else cp_async_wait<7>();
+    }
+    if (kMode == 1) mbar_wait(bar0 + 8 * (j % stages), (j / stages) & 1);
+    __syncwarp();
+    consume<kCompute, MB, kV2>(kMode == 2 ? ring : ring + (j % stages) * stage_bytes, stage_chunks, xs, lane, acc, sink);
+  }
+  if (kMode == 0) cp_async_wait<0>();
+  float f = 0;
+  for (int r = 0; r < 4; ++r)
+    for (int b = 0; b < MB; ++b)
+      for (int e = 0; e < 4; ++e) f += acc[r][b][e];
+  if (f == 12345.f || sink == 0x9e3779b9u) out[0] = 1;  // keeps the work alive
+}
+
+struct Config {
+  int mode;
+  int compute;  // 0 read, 1 NVFP4 mma, 2 NVFP4 mma with the v2 word layout
+  int mb, ctas_per_sm, warps, stage_chunks, stages;
+};
+
+template <int kMode, bool kCompute, int MB, bool kV2>
+float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {
+  const int ctas = sms * c.ctas_per_sm;
+  const int64_t warps = static_cast<int64_t>(ctas) * c.warps;
+  const int64_t stage_bytes = static_cast<int64_t>(c.stage_chunks) * kChunkBytes;
+  const int64_t per_warp = total / warps / stage_bytes * stage_bytes;
+  const int smem = 4096 + 8 * 64 + c.warps * c.stages * static_cast<int>(stage_bytes);
+  if (smem > 227 * 1024) return -1.f;
+  auto* k = probe<kMode, kCompute, MB, kV2>;
+  CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int fit = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, c.warps * 32, smem));
+  if (fit < c.ctas_per_sm) return -1.f;
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  const int launches = slice > 0 ? static_cast<int>(total / slice) : 1;  // back to back, rotating
+  const int64_t per_warp_launch = slice > 0 ? slice / warps / stage_bytes * stage_bytes : per_warp;
+  for (int rep = 0; rep < 12; ++rep) {
+    CHECK(cudaEventRecord(a));
+    for (int l = 0; l < launches; ++l)
+      k<<<ctas, c.warps * 32, smem>>>(w + l * per_warp_launch * warps, per_warp_launch, c.stage_chunks, c.stages, out);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    if (rep >= 2) ms.push_back(t);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return static_cast<float>(per_warp_launch * warps * launches) / (ms[ms.size() / 2] * 1e-3f) / 1e9f;
+}
+
+float dispatch(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {
+#define CASE(M, C, B) \
+  if (c.mode == M && c.compute == C && c.mb == B) return run<M, C != 0, B, C == 2>(c, w, total, out, sms, slice);
+  CASE(0, 0, 1) CASE(1, 0, 1)
+  CASE(0, 1, 1) CASE(1, 1, 1) CASE(2, 1, 1) CASE(0, 1, 2) CASE(1, 1, 2) CASE(2, 1, 2)
+  CASE(0, 2, 1) CASE(1, 2, 1) CASE(2, 2, 1) CASE(0, 2, 2) CASE(1, 2, 2) CASE(2, 2, 2)
+#undef CASE
+  return -2.f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t total = 1LL << 29;  // 512 MB of weights per launch (L2: 60 MB)
+  uint8_t* w = nullptr;
+  unsigned* out = nullptr;
+  CHECK(cudaMalloc(&w, total + (64 << 20)));
+  CHECK(cudaMemset(w, 0x35, total + (64 << 20)));
+  CHECK(cudaMalloc(&out, 64));
+  const char* names[] = {"cp.async", "bulk", "no-copy"};
+  const char* consumers[] = {"read", "NVFP4 mma", "NVFP4 mma v2"};
+  std::printf("| copy | consumer | M blocks | CTAs/SM | warps | chunks/stage | stages | GB/s |\n|---|---|---|---|---|---|---|---|\n");
+  std::vector<Config> configs;
+  for (int mode : {0, 1})
+    for (int cps : {1, 2, 3})
+      for (int warps : {4, 8})
+        for (int sc : {1, 2, 4})
+          for (int st : {4, 6, 8}) configs.push_back({mode, 0, 1, cps, warps, sc, st});
+  for (int v : {1, 2})
+  for (int mode : {0, 1, 2})
+    for (int mb : {1, 2})
+      for (int cps : {1, 2})
+        for (int warps : {4, 8})
+          for (int sc : {1, 2})
+            for (int st : {4, 6}) configs.push_back({mode, v, mb, cps, warps, sc, st});
+  if (argc > 1 && std::string(argv[1]) == "--short") {
+    // One launch streams `slice` bytes (a DeepSeek-V3 projection's NVFP4 weight), launches back to
+    // back over rotating slices: what is left of the ceilings when each warp has only a few chunks.
+    std::printf("| copy | consumer | M blocks | CTAs/SM | warps | chunks/stage | stages | MB per launch | GB/s | us per launch |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int64_t slice : {int64_t(28901376), int64_t(74317824), int64_t(8257536)})
+      for (Config c : {Config{0, 0, 1, 2, 8, 1, 4}, Config{0, 2, 1, 2, 8, 1, 4}, Config{0, 2, 1, 1, 8, 1, 8},
+                       Config{0, 2, 1, 2, 4, 1, 8}, Config{1, 2, 1, 2, 8, 1, 4}, Config{0, 2, 1, 1, 4, 2, 6},
+                       Config{0, 2, 2, 2, 8, 1, 4}}) {
+        const float gbs = dispatch(c, w, total, out, sms, slice);
+        if (gbs < 0) continue;
+        std::printf("| %s | %s | %d | %d | %d | %d | %d | %.1f | %.0f | %.1f |\n", names[c.mode], consumers[c.compute], c.mb,
+                    c.ctas_per_sm, c.warps, c.stage_chunks, c.stages, slice / 1e6, gbs, slice / (gbs * 1e3));
+      }
+    return 0;
+  }
+  for (const Config& c : configs) {
+    const float gbs = dispatch(c, w, total, out, sms);
+    if (gbs < 0) continue;  // does not fit
+    std::printf("| %s | %s | %d | %d | %d | %d | %d | %.0f |\n", names[c.mode], consumers[c.compute],
+                c.mb, c.ctas_per_sm, c.warps, c.stage_chunks, c.stages, gbs);
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+// Internal to the CUDA backend (device code): cp.async (global -> shared without registers, so
+// that many copies are in flight per warp) and the shared-memory loads the streaming kernels use.
+#pragma once
+#include <cstdint>
+
+namespace locus::cuda::detail {
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid = true) {
+  // With a source size of 0 nothing is read and the 16 bytes are zero-filled.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// cp.async.wait_group with a run-time count (a ring depth chosen at launch): 1 to 3.
+__device__ __forceinline__ void cp_async_wait_pending(int n) {
+  if (n <= 1) cp_async_wait<1>();
+  else if (n == 2) cp_async_wait<2>();
+  else cp_async_wait<3>();
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds16(uint32_t addr) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+
+}  // namespace locus::cuda::detail

@@ -1,0 +1,44 @@
+// The CUDA kernels' NVFP4 word layout (backends/cuda/nvfp4_layout.h), checked on the CPU: every
+// pair of e2m1 codes packed into any of the four pair positions comes back as the bf16x2 bits of
+// e2m1 * 2^-126, exactly, and the packing uses each of the 32 bits once.
+#include "backends/cuda/nvfp4_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/float_convert.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+TEST(Nvfp4WordLayout, EveryPairOfCodesDecodesExactlyInEveryPosition) {
+  for (int p = 0; p < 4; ++p) {
+    for (int lo = 0; lo < 16; ++lo) {
+      for (int hi = 0; hi < 16; ++hi) {
+        uint8_t nib[8] = {};
+        nib[2 * p] = static_cast<uint8_t>(lo);
+        nib[2 * p + 1] = static_cast<uint8_t>(hi);
+        const uint32_t w = nvfp4_pack_word(nib);
+        const uint32_t bits = nvfp4_word_pair_bits(w, p);
+        EXPECT_EQ(bf16_bits_to_f32(static_cast<uint16_t>(bits & 0xFFFF)),
+                  std::ldexp(e2m1_to_f32(static_cast<uint8_t>(lo)), -126))
+            << "pair " << p << " low code " << lo;
+        EXPECT_EQ(bf16_bits_to_f32(static_cast<uint16_t>(bits >> 16)),
+                  std::ldexp(e2m1_to_f32(static_cast<uint8_t>(hi)), -126))
+            << "pair " << p << " high code " << hi;
+        for (int q = 0; q < 4; ++q)  // the other pairs read zeros
+          if (q != p) EXPECT_EQ(nvfp4_word_pair_bits(w, q), 0u) << "pair " << p << " leaks into pair " << q;
+      }
+    }
+  }
+}
+
+TEST(Nvfp4WordLayout, AllCodesSetFillTheWord) {
+  uint8_t nib[8];
+  for (auto& n : nib) n = 0xF;
+  EXPECT_EQ(nvfp4_pack_word(nib), 0xFFFFFFFFu);
+}
+
+}  // namespace
+}  // namespace locus::cuda::detail
