@@ -38,6 +38,7 @@ struct Plan {
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
+  int32_t stages;      // its ring depth, 2..4
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -204,12 +205,11 @@ struct Format<StreamWeight::kBF16> {
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
 };
 
-// Pipeline stages per warp: with W warps, two CTAs per SM where the shared memory allows
-// (NVFP4: 8 warps x 4 stages x 2.4 KB at M = 1, 2 stages of 4.3 KB at M = 16; at M = 2..8 the
-// 4 larger stages leave one CTA per SM, and at M = 32 one CTA of 2 x 6.4 KB stages).
+// Most pipeline stages per warp; launch_typed takes fewer where that keeps two CTAs per SM
+// (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
 template <StreamWeight F, int MB>
-constexpr int pipeline_stages() {
-  if constexpr (F == StreamWeight::kNVFP4) return MB == 1 ? 4 : 2;
+constexpr int max_pipeline_stages() {
+  if constexpr (F == StreamWeight::kNVFP4) return 4;
   else return MB == 4 ? 2 : 3;
 }
 
@@ -298,7 +298,7 @@ template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t wb, int64_t we,
                                             int64_t r_first, uint32_t ring, uint8_t* slots, int warp, int lane) {
   using Fmt = Format<F>;
-  constexpr int kStages = pipeline_stages<F, MB>();
+  const int stages = pl.stages;
   constexpr int R = Fmt::kGroupTiles;
   const int g = lane >> 2, t = lane & 3;
   const int64_t c = pl.chunks;
@@ -316,14 +316,16 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
   };
   load_row();
-  auto issue = [&](int j) {  // chunk j of the range into stage j % kStages; always one commit group
+  int issue_stage = 0;       // the stage chunk j goes into: j % stages, kept incrementally
+  auto issue = [&](int j) {  // chunk j of the range into its stage; always one commit group
     if (j < n) {
       if (issue_chunk == c) {
         ++issue_row;
         issue_chunk = 0;
         load_row();
       }
-      const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
+      const uint32_t slot = ring + issue_stage * pl.slot_bytes;
+      if (++issue_stage == stages) issue_stage = 0;
       Fmt::issue_weights(slot, src, issue_chunk, a.k, lane);
       const int64_t k0 = static_cast<int64_t>(issue_chunk) * Fmt::kChunkK;
 #pragma unroll
@@ -355,12 +357,12 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   clear();
   int64_t row = wb / c;  // the compute cursor: the row of chunk j and its chunks left
   int64_t left = (row + 1) * c - wb;
-#pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) issue(j);
+  for (int j = 0; j < stages - 1; ++j) issue(j);
+  int stage = 0;  // chunk j's stage
   for (int j = 0; j < n; ++j) {
     __syncwarp();  // every lane has read the stage that is refilled next
-    issue(j + kStages - 1);
-    cp_async_wait<kStages - 1>();
+    issue(j + stages - 1);
+    cp_async_wait_pending(stages - 1);
     __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
     if (left == 0) {  // the previous row is done
       leave(row);
@@ -369,7 +371,8 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
       left = c;
     }
     --left;
-    const uint32_t slot = ring + (j % kStages) * pl.slot_bytes;
+    const uint32_t slot = ring + stage * pl.slot_bytes;
+    if (++stage == stages) stage = 0;
     Fmt::template mma<MB>(slot, lane, a.m, acc);
   }
   cp_async_wait<0>();
@@ -642,18 +645,37 @@ int64_t stream_k_units(int64_t t, int64_t c, int64_t chunks_total, int max_block
 // cost at the end of a stream-K unit (2-3 us at ~10 chunks per us per SM on the H200).
 // SwiGLU always needs partials (gate and up are separate rows), so it takes the stream-K cut.
 constexpr int64_t kPartialChunks = 25;
-bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int sms, int h) {
+// Also stream-K when the rows would not all run at once (a second round of rows restarts the
+// pipelines) or would give a warp fewer than two chunks.
+bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int sms, int max_blocks, int warps, int h) {
   const int tuning = g_units_per_cta.load();
   if (tuning != 0) return tuning < 0;  // forced by a benchmark sweep: < 0 whole rows, > 0 stream-K
-  if (h != 1) return false;
+  if (h != 1 || pl.chunks < 2 * warps) return false;
   for (int d = 0; d < num_domains; ++d) {
     const int64_t t = static_cast<int64_t>(pl.rows[d]) * pl.chunks;
     if (t == 0) continue;
     const int64_t share = std::max<int64_t>(1, sms * t / chunks_total);  // this domain's SMs
+    const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(max_blocks) * t / chunks_total);
     const int64_t whole = (pl.rows[d] + share - 1) / share * pl.chunks, cut = t / share;
-    if (whole > cut + kPartialChunks) return false;
+    if (pl.rows[d] > ctas || whole > cut + kPartialChunks) return false;
   }
   return true;
+}
+
+// The deepest ring (2..max_stages) with which two CTAs fit an SM's shared memory, else one CTA.
+int ring_stages(int slot_bytes, int warps, int fixed_bytes, int max_stages) {
+  static const int sm_bytes = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    return n;
+  }();
+  const int reserved = 1024 + 64;  // the runtime's share per CTA, the kernel's static variables
+  for (int ctas : {2, 1}) {
+    const int stages = (sm_bytes / ctas - reserved - fixed_bytes) / (warps * slot_bytes);
+    if (stages >= 2) return std::min(stages, max_stages);
+  }
+  return 2;  // blocks_per_sm reports it if even this does not fit
 }
 
 template <StreamWeight F, int MB, int H>
@@ -663,7 +685,8 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   constexpr int W = warps_per_cta<F, MB>();
   // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
   const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
-  const int ring_bytes = pipeline_stages<F, MB>() * slot_bytes;
+  const int stages = ring_stages(slot_bytes, W, slots_bytes, max_pipeline_stages<F, MB>());
+  const int ring_bytes = stages * slot_bytes;
   const int smem_bytes = W * ring_bytes + slots_bytes;
   const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
   const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
@@ -687,7 +710,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   }
   int64_t chunks_total = 0;
   for (int d = 0; d < a.num_domains; ++d) chunks_total += static_cast<int64_t>(pl.rows[d]) * chunks;
-  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), H);
+  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), max_blocks, W, H);
   int64_t all_units = 0;
   pl.max_segments = 1;
   for (int d = 0; d < a.num_domains; ++d) {
@@ -708,6 +731,7 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   pl.partials = s.partials;
   pl.slot_bytes = slot_bytes;
   pl.ring_bytes = ring_bytes;
+  pl.stages = stages;
   stream_gemm_kernel<F, MB, H><<<blocks, kThreads<F, MB>, smem_bytes, stream>>>(a, pl);
   LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
 }
