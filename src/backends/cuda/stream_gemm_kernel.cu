@@ -47,7 +47,7 @@ constexpr int kTileCounters = kStreamGemmMaxDomains + 1;
 
 // One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
 // (gate or up) of one batch entry of one part; segment s of the row's `segments`.
-struct Unit {
+struct Segment {
   int32_t part, batch, group, half, s, segments, c0, n;
 };
 
@@ -70,10 +70,10 @@ struct Format<StreamWeight::kNVFP4> {
   static constexpr int kWeightBytes = kGroupTiles * (512 + 64);
   static constexpr int kXRowBytes = 128;
   struct Source {
-    const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk 0 of the unit
-    const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-0 scale codes
+    const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk u.c0 of the row
+    const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-u.c0 scale codes
   };
-  __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Unit& u, int lane) {
+  __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Segment& u, int lane) {
     Source src;
 #pragma unroll
     for (int r = 0; r < kGroupTiles; ++r) {
@@ -138,10 +138,10 @@ struct Format<StreamWeight::kBF16> {
   static constexpr int kWeightBytes = kGroupTiles * 2 * kPieces * 512;
   static constexpr int kXRowBytes = 2 * kChunkK;
   struct Source {
-    const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk 0
+    const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk u.c0
     int64_t k0;
   };
-  __device__ static Source source(const StreamGemmPart& p, int32_t, const Unit& u, int lane) {
+  __device__ static Source source(const StreamGemmPart& p, int32_t, const Segment& u, int lane) {
     const int g = lane >> 2, t = lane & 3;
     const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK + 8 * t;
     const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride;
@@ -258,9 +258,9 @@ __device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t 
 // The part, batch entry, row group and half of row r of `domain`, with chunks [c0, c1) of it as
 // segment (unit - first unit of the row).
 template <int H>
-__device__ __forceinline__ Unit decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
+__device__ __forceinline__ Segment decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
                                                int unit, int c0, int c1) {
-  Unit u{};
+  Segment u{};
   for (int q = 0; q < a.num_parts; ++q) {
     const StreamGemmPart& cand = a.parts[q];
     if (cand.domain == domain && r >= cand.row_begin && r < cand.row_begin + cand.batch * cand.groups * H) {
@@ -310,7 +310,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   typename Fmt::Source src{};
   const uint16_t* x = nullptr;
   auto load_row = [&] {
-    const Unit u = decode_segment<H>(a, pl, domain, issue_row, 0, 0, 0);
+    const Segment u = decode_segment<H>(a, pl, domain, issue_row, 0, 0, 0);
     const StreamGemmPart& p = a.parts[u.part];
     src = Fmt::source(p, pl.chunks, u, lane);  // chunk 0 of the row
     x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
@@ -401,7 +401,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
     const int c0 = static_cast<int>(max(begin, r * c) - r * c), c1 = static_cast<int>(min(end, r * c + c) - r * c);
     return decode_segment<H>(a, pl, domain, r, unit, c0, c1);
   };
-  auto direct = [](const Unit& u) { return H == 1 && u.segments == 1; };
+  auto direct = [](const Segment& u) { return H == 1 && u.segments == 1; };
   // Partial slots: (the part's first slot row + the row) * max_segments + segment, then the tile.
   auto partial = [&](const StreamGemmPart& p, int batch_group, int half, int seg, int tile) {
     const int64_t row = static_cast<int64_t>(p.slot_row_base) + batch_group * H + half;
@@ -411,7 +411,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
   for (int task = warp; task < rows * R; task += W) {  // (row segment, tile of the group)
     const int i = task / R, tile = task % R;
     const int64_t r = r_first + i;
-    const Unit u = segment(i);
+    const Segment u = segment(i);
     const StreamGemmPart& p = a.parts[u.part];
     float v[1][MB][4];
 #pragma unroll
@@ -443,7 +443,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
   __threadfence();  // the partials are visible before they are counted
   __syncthreads();
   if (threadIdx.x < rows) {  // one arrival per partial row segment
-    const Unit u = segment(threadIdx.x);
+    const Segment u = segment(threadIdx.x);
     unsigned last = 0;
     if (!direct(u)) {
       const StreamGemmPart& p = a.parts[u.part];
@@ -462,7 +462,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
     const int i = task / R, tile = task % R;
     if (!s_last[i]) continue;
     __threadfence();
-    const Unit u = segment(i);
+    const Segment u = segment(i);
     const StreamGemmPart& p = a.parts[u.part];
     const int batch_group = u.batch * p.groups + u.group;
     float sum[H][MB][4];
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(kThreads<F, MB>)
     const int domain = s_domain, unit = s_unit;
     if (domain < 0) break;
     // The unit's chunks [begin, end) of the domain's rows laid end to end: warp w streams its
-    // 1/W of them, then the CTA finishes the unit's row segments one by one.
+    // 1/W of them, then the CTA finishes the unit's row segments side by side.
     const int64_t c = pl.chunks, t = static_cast<int64_t>(pl.rows[domain]) * c;
     const int64_t begin = t * unit / pl.units[domain], end = t * (unit + 1) / pl.units[domain];
     const int64_t r_first = begin / c;
