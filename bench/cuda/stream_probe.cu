@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cuda/cp_async.cuh"
@@ -48,38 +49,17 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// The candidate word layout: pair p's bits rotated by 6p (pair 3 split over two rotations), so
-// that a pair costs 1-4 instructions before its scale multiply instead of about 5.
-__device__ __forceinline__ uint32_t rotr(uint32_t w, int s) { return __funnelshift_r(w, w, s); }
-__device__ __forceinline__ void dequant_word_v2(uint32_t w, uint32_t scale2, uint32_t (&r)[4]) {
-  constexpr uint32_t kMask = 0x81C081C0u;
-  r[0] = bf16x2_mul(w & kMask, scale2);
-  r[1] = bf16x2_mul(rotr(w, 6) & kMask, scale2);
-  r[2] = bf16x2_mul(rotr(w, 12) & kMask, scale2);
-  r[3] = bf16x2_mul((rotr(w, 26) & 0x00400040u) | (rotr(w, 2) & 0x81808180u), scale2);
-}
-template <int MB>
-__device__ __forceinline__ void chunk_mma_v2(const uint4& wv, uint32_t sc, const uint4 (&xv)[MB][2],
-                                             float (&acc)[MB][4]) {
-  uint32_t lo[8], hi[8];
-  const uint32_t s_lo = nvfp4_scale_pair(sc & 0xFFu), s_hi = nvfp4_scale_pair((sc >> 8) & 0xFFu);
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t r[4];
-    dequant_word_v2(uint4_word(wv, w), w < 2 ? s_lo : s_hi, r);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) (w < 2 ? lo : hi)[4 * (w & 1) + p] = r[p];
+// The word encoding before 2026-12-03 (value j of pair p at bits 4p..4p+3, +16 for odd j), to
+// time the kernel's dequantization against the current one (nvfp4_layout.h).
+struct OldWordBits {
+  __device__ static uint32_t pair(uint32_t w, int p) {
+    const uint32_t v = w >> (4 * p);
+    return ((v & 0x00070007u) << 6) | ((v & 0x00080008u) << 12);
   }
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-      mma_bf16_16816(acc[b], lo[2 * s], hi[2 * s], lo[2 * s + 1], hi[2 * s + 1], uint4_word(xv[b][(2 * s) / 4], (2 * s) % 4),
-                     uint4_word(xv[b][(2 * s + 1) / 4], (2 * s + 1) % 4));
-}
+};
 
 // The consumer of one landed stage: NVFP4 4-tile chunks (kCompute) or a read of every byte.
-template <bool kCompute, int MB, bool kV2 = false>
+template <bool kCompute, int MB, bool kOldWords = false>
 __device__ __forceinline__ void consume(uint32_t stage, int chunks, uint32_t xs, int lane, float (&acc)[4][MB][4],
                                         uint32_t& sink) {
   if constexpr (kCompute) {
@@ -95,10 +75,8 @@ __device__ __forceinline__ void consume(uint32_t stage, int chunks, uint32_t xs,
       const uint32_t s = stage + c * kChunkBytes;
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        if constexpr (kV2)
-          chunk_mma_v2<MB>(lds128(s + r * 512 + lane * 16), lds16(s + 2048 + r * 64 + lane * 2), xv, acc[r]);
-        else
-          nvfp4_chunk_mma<MB>(lds128(s + r * 512 + lane * 16), lds16(s + 2048 + r * 64 + lane * 2), xv, acc[r]);
+        using Bits = std::conditional_t<kOldWords, OldWordBits, Nvfp4WordBits>;
+        nvfp4_chunk_mma<MB, Bits>(lds128(s + r * 512 + lane * 16), lds16(s + 2048 + r * 64 + lane * 2), xv, acc[r]);
       }
     }
   } else {
@@ -110,7 +88,7 @@ __device__ __forceinline__ void consume(uint32_t stage, int chunks, uint32_t xs,
 }
 
 // Mode: 0 cp.async per lane, 1 one bulk copy per stage, 2 no copies (compute from a fixed stage).
-template <int kMode, bool kCompute, int MB, bool kV2>
+template <int kMode, bool kCompute, int MB, bool kOldWords>
 __global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int stage_chunks, int stages,
                       unsigned* out) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -153,7 +131,7 @@ __global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int
     }
     if (kMode == 1) mbar_wait(bar0 + 8 * (j % stages), (j / stages) & 1);
     __syncwarp();
-    consume<kCompute, MB, kV2>(kMode == 2 ? ring : ring + (j % stages) * stage_bytes, stage_chunks, xs, lane, acc, sink);
+    consume<kCompute, MB, kOldWords>(kMode == 2 ? ring : ring + (j % stages) * stage_bytes, stage_chunks, xs, lane, acc, sink);
   }
   if (kMode == 0) cp_async_wait<0>();
   float f = 0;
@@ -165,11 +143,11 @@ __global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int
 
 struct Config {
   int mode;
-  int compute;  // 0 read, 1 NVFP4 mma, 2 NVFP4 mma with the v2 word layout
+  int compute;  // 0 read, 1 NVFP4 mma with the old word encoding, 2 NVFP4 mma (nvfp4_layout.h)
   int mb, ctas_per_sm, warps, stage_chunks, stages;
 };
 
-template <int kMode, bool kCompute, int MB, bool kV2>
+template <int kMode, bool kCompute, int MB, bool kOldWords>
 float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {
   const int ctas = sms * c.ctas_per_sm;
   const int64_t warps = static_cast<int64_t>(ctas) * c.warps;
@@ -177,7 +155,7 @@ float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int s
   const int64_t per_warp = total / warps / stage_bytes * stage_bytes;
   const int smem = 4096 + 8 * 64 + c.warps * c.stages * static_cast<int>(stage_bytes);
   if (smem > 227 * 1024) return -1.f;
-  auto* k = probe<kMode, kCompute, MB, kV2>;
+  auto* k = probe<kMode, kCompute, MB, kOldWords>;
   CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int fit = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, c.warps * 32, smem));
@@ -205,7 +183,7 @@ float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int s
 
 float dispatch(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {
 #define CASE(M, C, B) \
-  if (c.mode == M && c.compute == C && c.mb == B) return run<M, C != 0, B, C == 2>(c, w, total, out, sms, slice);
+  if (c.mode == M && c.compute == C && c.mb == B) return run<M, C != 0, B, C == 1>(c, w, total, out, sms, slice);
   CASE(0, 0, 1) CASE(1, 0, 1)
   CASE(0, 1, 1) CASE(1, 1, 1) CASE(2, 1, 1) CASE(0, 1, 2) CASE(1, 1, 2) CASE(2, 1, 2)
   CASE(0, 2, 1) CASE(1, 2, 1) CASE(2, 2, 1) CASE(0, 2, 2) CASE(1, 2, 2) CASE(2, 2, 2)
@@ -225,7 +203,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMemset(w, 0x35, total + (64 << 20)));
   CHECK(cudaMalloc(&out, 64));
   const char* names[] = {"cp.async", "bulk", "no-copy"};
-  const char* consumers[] = {"read", "NVFP4 mma", "NVFP4 mma v2"};
+  const char* consumers[] = {"read", "NVFP4 mma, old word layout", "NVFP4 mma, new word layout"};
   std::printf("| copy | consumer | M blocks | CTAs/SM | warps | chunks/stage | stages | GB/s |\n|---|---|---|---|---|---|---|---|\n");
   std::vector<Config> configs;
   for (int mode : {0, 1})

@@ -34,10 +34,17 @@ __device__ __forceinline__ uint32_t nvfp4_scale_pair(uint32_t code) {
   return code * 0x00100010u + (kNvfp4ScaleBf16Base | (kNvfp4ScaleBf16Base << 16));
 }
 
+// How a layout word's pairs become bf16x2 bits: the layout nvfp4_prepare writes (nvfp4_layout.h).
+// (The kernels take it as a parameter so that a benchmark can time another encoding.)
+struct Nvfp4WordBits {
+  __device__ static uint32_t pair(uint32_t w, int p) { return nvfp4_word_pair_bits(w, p); }
+};
+
 // The 8 values of one layout word as four bf16x2 registers, times the block scale: exact.
+template <typename Bits = Nvfp4WordBits>
 __device__ __forceinline__ void nvfp4_dequant_word(uint32_t w, uint32_t scale2, uint32_t (&r)[4]) {
 #pragma unroll
-  for (int p = 0; p < 4; ++p) r[p] = bf16x2_mul(nvfp4_word_pair_bits(w, p), scale2);
+  for (int p = 0; p < 4; ++p) r[p] = bf16x2_mul(Bits::pair(w, p), scale2);
 }
 
 __device__ __forceinline__ uint32_t uint4_word(const uint4& v, int i) {
@@ -47,7 +54,7 @@ __device__ __forceinline__ uint32_t uint4_word(const uint4& v, int i) {
 // One 16 x 64 NVFP4 tile chunk (a lane's 16 bytes `wv` and its two scale codes `sc`) times MB
 // blocks of 8 tokens (each lane's activations xv[b][0..1]: its token's 16 K values of the
 // chunk), accumulated in fp32 into acc (which then holds sum * 2^-16, see nvfp4_layout.h).
-template <int MB>
+template <int MB, typename Bits = Nvfp4WordBits>
 __device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, const uint4 (&xv)[MB][2],
                                                 float (&acc)[MB][4]) {
   uint32_t lo[8], hi[8];  // rows g and g + 8, K pairs 0..7 of the lane's scale block
@@ -55,7 +62,7 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, co
 #pragma unroll
   for (int w = 0; w < 4; ++w) {  // words 0, 1: row g; words 2, 3: row g + 8
     uint32_t r[4];
-    nvfp4_dequant_word(uint4_word(wv, w), w < 2 ? s_lo : s_hi, r);
+    nvfp4_dequant_word<Bits>(uint4_word(wv, w), w < 2 ? s_lo : s_hi, r);
 #pragma unroll
     for (int p = 0; p < 4; ++p) (w < 2 ? lo : hi)[4 * (w & 1) + p] = r[p];
   }
