@@ -11,14 +11,14 @@
 //   word 0: row 16rt+g,   k = 64c+16t + 0..7      word 1: row 16rt+g,   k = 64c+16t + 8..15
 //   word 2: row 16rt+g+8, k = 64c+16t + 0..7      word 3: row 16rt+g+8, k = 64c+16t + 8..15
 // and inside a word the 8 values k0+j (j = 0..7) form 4 pairs p = j/2 (even j: the low bf16 of
-// bf16x2 register p, odd j: the high one). Each value is its e2m1 code: magnitude bits b0..b2 (m, e0,
-// e1) and sign s. The kernel wants pair p as bf16x2 bits with b0..b2 at 6..8 and s at 15 (low
+// bf16x2 register p, odd j: the high one). Each value is its e2m1 code: magnitude bits b0..b2
+// (m, e0, e1) and sign s. The kernel wants pair p as bf16x2 bits with b0..b2 at 6..8 and s at 15 (low
 // value), b0..b2 at 22..24 and s at 31 (high value), i.e. under the mask 0x81C081C0. Pair p is
 // stored rotated left by 6p (p < 3), so that it costs one rotate and one AND; pair 3 fills the
 // remaining bits: its b0 rotated left by 26, its b1, b2, s rotated left by 2 (nvfp4_word_pair_bits
 // below; no 4 rotations of that mask tile a 32-bit word, so one pair needs two).
-// Scales: one uint16 per (rt, c, lane) at element nvfp4_tile_index(rt, c, C)*32 + l: low byte for row 16rt+g,
-// high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
+// Scales: one uint16 per (rt, c, lane) at element nvfp4_tile_index(rt, c, C)*32 + l: low byte for
+// row 16rt+g, high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
 // as S = ((e + 9) << 3) | m with v = 2^e (1 + m/8) (e in [-9, 8], subnormal e4m3 normalized), so
 // that the bf16 bits of v * 2^110 are S*16 + (228 << 7): one integer multiply-add in the kernel.
 // A zero scale gets S = 0 and its 16 nibbles are zeroed. The prepared weight's `scales` tensor is

@@ -12,12 +12,12 @@
 // group-half over the whole K, C chunks long. A unit of work is either one whole row, or, when
 // whole rows would load the SMs unevenly (e.g. 288 rows on 132 SMs), an equal contiguous range of
 // chunks of the domain's rows laid end to end (about one per resident CTA: stream-K), which may
-// end inside a row for the next unit to finish (it touches at most 3 rows). A CTA (W warps: 8 for NVFP4, 4 for BF16) takes
-// one unit at a time from its domain's atomic counter; each warp streams a contiguous 1/W of the
-// unit's chunks through its own cp.async shared-memory ring, across row boundaries, into mma.sync
-// m16n8k16 (tokens on the n side; NVFP4 dequantized exactly in registers) and leaves each row's
-// sums in shared memory; then, for each row segment of the unit, the warps' sums are added in warp
-// order and
+// end inside a row for the next unit to finish (it touches at most 3 rows). A CTA (W warps: 8
+// for NVFP4, 4 for BF16) takes one unit at a time from its domain's atomic counter; each warp
+// streams a contiguous 1/W of the unit's chunks through its own cp.async shared-memory ring,
+// across row boundaries, into mma.sync m16n8k16 (tokens on the n side; NVFP4 dequantized exactly
+// in registers) and leaves each row's sums in shared memory; then, for each row segment of the
+// unit, the warps' sums are added in warp order and
 //   - the segment is the whole row and there is no SwiGLU: the CTA writes the outputs directly;
 //   - else: it stores its fp32 partial, and the group's last segment (an atomic count) adds the
 //     partials in segment order (deterministic), applies scale/bias/SwiGLU and writes y.

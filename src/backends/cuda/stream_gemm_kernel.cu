@@ -255,11 +255,9 @@ __device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t 
   return static_cast<int>(unit_of(pl, domain, r * c + c - 1) - *first + 1);
 }
 
-// The part, batch entry, row group and half of row r of `domain`, with chunks [c0, c1) of it as
-// segment (unit - first unit of the row).
+// The part, batch entry, row group and half of row r of `domain` (the rest of the Segment zero).
 template <int H>
-__device__ __forceinline__ Segment decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
-                                               int unit, int c0, int c1) {
+__device__ __forceinline__ Segment decode_row(const StreamGemmArgs& a, int domain, int64_t r) {
   Segment u{};
   for (int q = 0; q < a.num_parts; ++q) {
     const StreamGemmPart& cand = a.parts[q];
@@ -276,6 +274,14 @@ __device__ __forceinline__ Segment decode_segment(const StreamGemmArgs& a, const
   const int batch_group = local / H;
   u.batch = batch_group / p.groups;
   u.group = batch_group % p.groups;
+  return u;
+}
+
+// Row r of `domain` with chunks [c0, c1) of it as segment (unit - first unit of the row).
+template <int H>
+__device__ __forceinline__ Segment decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
+                                                  int unit, int c0, int c1) {
+  Segment u = decode_row<H>(a, domain, r);
   int64_t first = 0;
   u.segments = row_segments(pl, domain, r, &first);
   u.s = static_cast<int>(unit - first);
@@ -292,7 +298,7 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
 }
 
 // Streams chunks [wb, we) of `domain`'s rows laid end to end (C chunks per row) through this
-// warp's cp.async ring (STAGES - 1 chunks ahead, across row boundaries, so the pipeline never
+// warp's cp.async ring (pl.stages - 1 chunks ahead, across row boundaries, so the pipeline never
 // drains inside a unit), and leaves the sums of each row it touched in its row slot.
 template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t wb, int64_t we,
@@ -310,7 +316,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   typename Fmt::Source src{};
   const uint16_t* x = nullptr;
   auto load_row = [&] {
-    const Segment u = decode_segment<H>(a, pl, domain, issue_row, 0, 0, 0);
+    const Segment u = decode_row<H>(a, domain, issue_row);  // c0 = 0
     const StreamGemmPart& p = a.parts[u.part];
     src = Fmt::source(p, pl.chunks, u, lane);  // chunk 0 of the row
     x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
@@ -380,6 +386,13 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   leave(row);
 }
 
+__device__ __forceinline__ void add4(float (&v)[4], const float4& q) {
+  v[0] += q.x;
+  v[1] += q.y;
+  v[2] += q.z;
+  v[3] += q.w;
+}
+
 // The end of a unit, after its warps have streamed: for each of its row segments (at most
 // kMaxUnitRows) and each tile of the row group, a warp adds the sums of the warps that touched
 // the row, in warp order, and writes the outputs directly when the segment is the whole row (no
@@ -423,13 +436,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
       if (we <= wb || we <= r * c || wb >= r * c + c) continue;  // warp w did not touch row r
       const float4* in = row_slot(slots, R * MB * 32, w, r, r_first);
 #pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        const float4 q = in[(tile * MB + b) * 32 + lane];
-        v[0][b][0] += q.x;
-        v[0][b][1] += q.y;
-        v[0][b][2] += q.z;
-        v[0][b][3] += q.w;
-      }
+      for (int b = 0; b < MB; ++b) add4(v[0][b], in[(tile * MB + b) * 32 + lane]);
     }
     if (direct(u)) {
       store_tile<F, MB, 1>(a, p, u.batch, u.group * R + tile, lane, v);
@@ -477,13 +484,7 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
       for (int s2 = 0; s2 < segments; ++s2) {
         const float4* src = partial(p, batch_group, h, s2, tile);
 #pragma unroll
-        for (int b = 0; b < MB; ++b) {
-          const float4 f = __ldcg(src + b * 32 + lane);
-          sum[h][b][0] += f.x;
-          sum[h][b][1] += f.y;
-          sum[h][b][2] += f.z;
-          sum[h][b][3] += f.w;
-        }
+        for (int b = 0; b < MB; ++b) add4(sum[h][b], __ldcg(src + b * 32 + lane));
       }
     }
     store_tile<F, MB, H>(a, p, u.batch, u.group * R + tile, lane, sum);
@@ -493,8 +494,8 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
   __syncthreads();
 }
 
-// Each CTA takes one unit at a time (own domain first, then the others') and runs its row
-// segments in order.
+// Each CTA takes one unit at a time (own domain first, then the others'): its warps stream the
+// unit's chunks, then finish_unit writes its rows' outputs or partials.
 template <StreamWeight F, int MB, int H>
 __global__ void __launch_bounds__(kThreads<F, MB>)
     stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl) {
@@ -639,14 +640,15 @@ int64_t stream_k_units(int64_t t, int64_t c, int64_t chunks_total, int max_block
   return std::clamp<int64_t>(std::max<int64_t>(units, (t + max_len - 1) / max_len), 1, t);
 }
 
-// Whole rows as units (no partials, no counters: each CTA writes its rows' outputs) unless that
-// leaves the busiest SM with clearly more weight than the stream-K cut would: more than
-// kPartialChunks more chunks, about what the partials' round trips (store, fence, count, read)
-// cost at the end of a stream-K unit (2-3 us at ~10 chunks per us per SM on the H200).
-// SwiGLU always needs partials (gate and up are separate rows), so it takes the stream-K cut.
+// About what the partials' round trips (store, fence, count, read) cost at the end of a
+// stream-K unit, in chunks (2-3 us at ~10 chunks per us per SM on the H200).
 constexpr int64_t kPartialChunks = 25;
-// Also stream-K when the rows would not all run at once (a second round of rows restarts the
-// pipelines) or would give a warp fewer than two chunks.
+
+// Whole rows as units (no partials, no counters: each CTA writes its rows' outputs) unless that
+// leaves the busiest SM with more than kPartialChunks more chunks than the stream-K cut would,
+// or the rows would not all run at once (a second round restarts the pipelines), or a warp would
+// get fewer than two chunks of a row. SwiGLU always needs partials (gate and up are separate
+// rows), so it takes the stream-K cut.
 bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int sms, int max_blocks, int warps, int h) {
   const int tuning = g_units_per_cta.load();
   if (tuning != 0) return tuning < 0;  // forced by a benchmark sweep: < 0 whole rows, > 0 stream-K
