@@ -12,11 +12,16 @@
 //            per partition stream (one domain-aware streaming launch instead for M <=
 //            LOCUS_STREAM_GEMM_BF16_MAX_M, 0 by default);
 //   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
+//   fp4 plain the same with the streaming kernel's programmatic dependent launch off, i.e. each
+//            call starts only when the previous one has ended (as cuBLAS's calls do here);
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
 // and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
-// streaming kernels at M = 1 and 16 for several units-per-CTA settings (the stream-K cut).
+// streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--tuning U,W[,S[,P]]] [--out FILE]
+// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --tuning: the
+// streaming kernel's units per CTA, warps per CTA, ring depth and dependent launch (1/0) for the
+// table, as in StreamGemmTuning; fields left out keep their defaults)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -150,7 +155,7 @@ ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4plain = 0, fp4part = 0;
 };
 
 // Microseconds with one decimal, or "-" for a column not measured.
@@ -170,7 +175,7 @@ ops::Nvfp4Weight half_rows(const ops::Nvfp4Weight& w, int which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string split = "backfill", out_path;
+  std::string split = "backfill", out_path, only_shape, tuning_arg;
   bool quick = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -178,8 +183,10 @@ int main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--sweep") sweep = true;
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
+    else if (a == "--shape" && i + 1 < argc) only_shape = argv[++i];
+    else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--tuning U,W[,S[,P]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -209,14 +216,44 @@ int main(int argc, char** argv) {
               info.name.c_str(), info.sm_count, info.l2_bytes >> 20, split.c_str(), parts[0].sm_count, parts[1].sm_count,
               bw * 1e-9);
 
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
+                                                     {24576, 1536}, {32768, 512}, {7168, 2048}};
+  std::vector<std::pair<int64_t, int64_t>> sweep_shapes = {{7168, 7168}, {18432, 7168}, {4096, 7168},
+                                                           {24576, 1536}, {32768, 512}, {7168, 2048}};
+  std::vector<int64_t> ms = {1, 8, 16, 32, 128, 512, 4096};
+  if (quick) {
+    shapes = {{7168, 7168}, {18432, 7168}, {7168, 2048}};
+    ms = {1, 16, 32, 512};
+  }
+  if (!only_shape.empty()) {
+    long long n = 0, k = 0;
+    if (std::sscanf(only_shape.c_str(), "%lldx%lld", &n, &k) != 2 || n < 16 || k < 16 || n % 16 || k % 16) {
+      std::fprintf(stderr, "--shape must be NxK with N and K multiples of 16, got '%s'\n", only_shape.c_str());
+      return 2;
+    }
+    shapes = sweep_shapes = {{n, k}};
+  }
+
+  cuda::detail::StreamGemmTuning table_tuning{};
+  if (!tuning_arg.empty() && std::sscanf(tuning_arg.c_str(), "%d,%d,%d,%d", &table_tuning.units_per_cta, &table_tuning.warps,
+                                         &table_tuning.stages, &table_tuning.dependent_launch) < 2) {
+    std::fprintf(stderr, "--tuning must be U,W[,S[,P]] (units per CTA, warps per CTA, ring depth, dependent launch), got '%s'\n",
+                 tuning_arg.c_str());
+    return 2;
+  }
+
   if (sweep) {
     // The streaming kernel's stream-K cut: units per resident CTA.
     std::mt19937_64 srng(7);
-    std::printf("\nsplit sweep (us per call; columns: 0 = heuristic, -1 = whole rows, n = stream-K with n units per resident CTA)\n%-22s", "shape");
-    const std::vector<int> upws = {0, -1, 1, 2};  // heuristic, whole rows, stream-K 1 and 2 per CTA
-    for (int u : upws) std::printf(" %7d", u);
+    std::printf("\nsplit sweep (us per call; columns: heuristic; whole rows, stream-K with 1 and 2 units per resident CTA "
+                "(CTA shape by the heuristic); 4- and 8-warp CTAs (decomposition by the heuristic); the heuristic without "
+                "programmatic dependent launch)\n%-22s", "shape");
+    // {units per CTA, warps}: the heuristic; whole rows; stream-K 1 and 2 per CTA; 4 and 8 warps.
+    // Last: the heuristic launched in plain stream order (no programmatic dependent launch).
+    const std::vector<cuda::detail::StreamGemmTuning> tunings = {{0, 0}, {-1, 0}, {1, 0}, {2, 0}, {0, 4}, {0, 8}, {0, 0, 0, 0}};
+    for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain"}) std::printf(" %7s", h);
     std::printf("\n");
-    for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7168, 7168}, {18432, 7168}, {7168, 2048}, {32768, 512}}) {
+    for (auto [N, K] : sweep_shapes) {
       const int R = static_cast<int>(std::clamp(std::ceil(240e6 / (double(N) * K * 2)), 2.0, 16.0));
       std::vector<Tensor> w(R);
       std::vector<ops::Nvfp4Weight> f(R);
@@ -226,14 +263,14 @@ int main(int argc, char** argv) {
         fill_random_bf16(w[r], srng);
         f[r] = cuda::nvfp4_clone(fbase, -1);
       }
-      for (int64_t M : {1, 16}) {
+      for (int64_t M : {1, 16, 32}) {
         Tensor x = Tensor::empty({M, K}, DType::kBF16, Device::cuda(0));
         fill_random_bf16(x, srng);
         Tensor y = Tensor::empty({M, N}, DType::kBF16, Device::cuda(0));
         for (int fp4 = 0; fp4 < 2; ++fp4) {
           std::printf("%-5s %5lldx%-5lld M=%-3lld", fp4 ? "nvfp4" : "bf16", (long long)N, (long long)K, (long long)M);
-          for (int u : upws) {
-            cuda::detail::set_stream_gemm_tuning({u});
+          for (const auto& tuning : tunings) {
+            cuda::detail::set_stream_gemm_tuning(tuning);
             auto g = capture(s, [&] {
               for (int r = 0; r < R; ++r) {
                 if (fp4) cuda::nvfp4_gemm(x, f[r], {}, y, s);
@@ -247,16 +284,9 @@ int main(int argc, char** argv) {
         }
       }
     }
-    cuda::detail::set_stream_gemm_tuning({});
   }
+  cuda::detail::set_stream_gemm_tuning(table_tuning);
 
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
-                                                     {24576, 1536}, {32768, 512}, {7168, 2048}};
-  std::vector<int64_t> ms = {1, 8, 16, 32, 128, 512, 4096};
-  if (quick) {
-    shapes = {{7168, 7168}, {18432, 7168}, {7168, 2048}};
-    ms = {1, 16, 32, 512};
-  }
   std::mt19937_64 rng(12345);
   std::vector<Row> rows;
   const Device dev = Device::cuda(0);
@@ -310,6 +340,13 @@ int main(int argc, char** argv) {
       row.ours = timed(R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
       row.part = timed(R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
       if (M <= 128) row.fp4 = timed(RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+      if (M <= cuda::kNvfp4StreamMaxM) {  // the same without programmatic dependent launch
+        cuda::detail::StreamGemmTuning plain = table_tuning;
+        plain.dependent_launch = 0;
+        cuda::detail::set_stream_gemm_tuning(plain);
+        row.fp4plain = timed(RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        cuda::detail::set_stream_gemm_tuning(table_tuning);
+      }
       if (M <= cuda::kNvfp4StreamMaxM)
         row.fp4part = timed(RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
       rows.push_back(row);
@@ -322,6 +359,7 @@ int main(int argc, char** argv) {
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
+      if (row.fp4plain > 0) std::printf(" | fp4 plain %7.1f (%.2fx)", row.fp4plain * 1e6, row.cublas / row.fp4plain);
       if (row.fp4part > 0) std::printf(" | fp4part %7.1f (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
       std::printf("\n");
       std::fflush(stdout);
@@ -332,7 +370,9 @@ int main(int argc, char** argv) {
   std::string bmm_md =
       "\n| BMM (H x N x K) | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | part us | unpart/part |\n"
       "|---|---|---|---|---|---|---|---|\n";
-  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}) {
+  const auto bmm_shapes = only_shape.empty() ? std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}
+                                             : std::vector<std::pair<int64_t, int64_t>>{};
+  for (auto [N, K] : bmm_shapes) {
     const int64_t H = 128;
     const double wbytes = double(H) * N * K * 2;
     const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
@@ -385,8 +425,9 @@ int main(int argc, char** argv) {
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
-        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 part us | unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 plain us | plain speed-up | NVFP4 part us | "
+        "unpart/part |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
@@ -399,6 +440,12 @@ int main(int argc, char** argv) {
       md += buf;
     } else {
       md += " - | - | - |";
+    }
+    if (r.fp4plain > 0) {
+      std::snprintf(buf, sizeof buf, " %s | %.2f |", us(r.fp4plain).c_str(), r.cublas / r.fp4plain);
+      md += buf;
+    } else {
+      md += " - | - |";
     }
     if (r.fp4part > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f |\n", us(r.fp4part).c_str(), r.fp4 / r.fp4part);

@@ -1,9 +1,13 @@
 // The weight-streaming skinny GEMM (backends/cuda/stream_gemm.h) and its single-launch
 // locality-domain form: BF16 and NVFP4, plain and fused SwiGLU, bias, column slices, every M
 // block size, determinism, domain-aware launches over green-context partitions, work stealing
-// from domains without SMs, graph capture and in-place reload. References in fp64.
+// from domains without SMs, graph capture and in-place reload, chained (programmatic dependent)
+// launches. References in fp64.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
 
 #include "backends/cuda/stream_gemm.h"
 #include "cuda_test_util.h"
@@ -90,9 +94,84 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
   EXPECT_TRUE(bitwise_equal(fetch(a), fetch(b)));
 }
 
+// Back-to-back launches in one stream, each reading the previous one's output: a programmatic
+// dependent launch starts (and prefetches weights) while the previous GEMM drains, so it must
+// still wait for that GEMM's output. Eager and captured, against fp64 per layer and bitwise
+// against plain stream order. NVFP4 and BF16 layers alternate.
+TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
+  LOCUS_REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { cuda::detail::set_stream_gemm_tuning({}); }
+  } restore;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t M = 4, D = 3072;
+  const int layers = 6;
+  std::vector<ops::Nvfp4Weight> fp4_host(layers), fp4(layers);
+  std::vector<Tensor> bf16_host(layers), bf16(layers);
+  for (int i = 0; i < layers; ++i) {
+    fp4_host[i] = random_nvfp4(D, D, seed + 10 * i);
+    fp4[i] = cuda::nvfp4_prepare(fp4_host[i], 0, -1);
+    bf16_host[i] = randn({D, D}, DType::kBF16, seed + 10 * i + 1, 1.0 / std::sqrt(static_cast<double>(D)));
+    bf16[i] = to_gpu(bf16_host[i]);
+  }
+  std::vector<Tensor> y(layers + 1);
+  y[0] = to_gpu(randn({M, D}, DType::kBF16, seed + 1000));
+  for (int i = 1; i <= layers; ++i) y[i] = poisoned_gpu({M, D}, DType::kBF16);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{stream};
+  auto chain = [&] {
+    for (int i = 0; i < layers; ++i) {
+      if (i % 2 == 0) cuda::nvfp4_gemm(y[i], fp4[i], {}, y[i + 1], stream);
+      else ASSERT_TRUE(cuda::stream_gemm(y[i], bf16[i], {}, y[i + 1], false, stream));
+    }
+  };
+  auto outputs = [&] {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<Tensor> out;
+    for (int i = 1; i <= layers; ++i) out.push_back(fetch(y[i]));
+    return out;
+  };
+  auto poison = [&] {
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (int i = 1; i <= layers; ++i) y[i].fill_nan_();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  chain();
+  const std::vector<Tensor> eager = outputs();
+  Tensor in = fetch(y[0]);
+  for (int i = 0; i < layers; ++i) {
+    const std::vector<double> ref = i % 2 == 0 ? ref_gemm_dense(in, dequant_ref(fp4_host[i]), D) : ref_gemm(in, bf16_host[i]);
+    EXPECT_LT(rel_error(eager[i], ref), bf16_gemm_tolerance(D)) << "layer " << i;
+    in = eager[i];
+  }
+  cuda::Graph graph;
+  graph.begin_capture(stream);
+  chain();
+  graph.end_capture();
+  for (int rep = 0; rep < 2; ++rep) {
+    poison();
+    graph.replay(stream);
+    const std::vector<Tensor> replayed = outputs();
+    for (int i = 0; i < layers; ++i) EXPECT_TRUE(bitwise_equal(replayed[i], eager[i])) << "replay " << rep << " layer " << i;
+  }
+  cuda::detail::StreamGemmTuning plain;
+  plain.dependent_launch = 0;
+  cuda::detail::set_stream_gemm_tuning(plain);
+  poison();
+  chain();
+  const std::vector<Tensor> ordered = outputs();
+  for (int i = 0; i < layers; ++i) EXPECT_TRUE(bitwise_equal(ordered[i], eager[i])) << "layer " << i;
+}
+
 // Every work decomposition (whole rows; the stream-K cut at 1, 2 and 5 units per resident CTA,
-// whose units end inside rows and touch up to 3 of them) gives the right answer, for BF16 and
-// NVFP4, plain and SwiGLU, on shapes where the cut lands on and between row boundaries.
+// whose units end inside rows and touch up to 3 of them) with 8- and 4-warp CTAs gives the right
+// answer, for BF16 and NVFP4, plain and SwiGLU, on shapes where the cut lands on and between row
+// boundaries.
 TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
   LOCUS_REQUIRE_GPU();
   struct Restore {
@@ -108,9 +187,9 @@ TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
     const ops::Nvfp4Weight fp4g = cuda::nvfp4_prepare(fp4, 0, -1);
     const std::vector<double> ref = ref_gemm(x, w), ref_fp4 = ref_gemm_dense(x, dequant_ref(fp4), n, Tensor());
     const std::vector<double> ref_gated = ref_swiglu(ref, m, n / 2), ref_fp4_gated = ref_swiglu(ref_fp4, m, n / 2);
-    for (int tuning : {-1, 1, 2, 5}) {
-      SCOPED_TRACE(::testing::Message() << "tuning " << tuning);
-      cuda::detail::set_stream_gemm_tuning({tuning});
+    for (auto [units, warps] : {std::pair{-1, 8}, {1, 8}, {2, 8}, {5, 8}, {-1, 4}, {1, 4}, {2, 4}, {5, 4}}) {
+      SCOPED_TRACE(::testing::Message() << "units per CTA " << units << ", warps " << warps);
+      cuda::detail::set_stream_gemm_tuning({units, warps});
       Tensor y = poisoned_gpu({m, n}, DType::kFP32);
       ASSERT_TRUE(cuda::stream_gemm(xg, wg, {}, y, false, nullptr));
       EXPECT_LT(rel_error(fetch(y), ref), fp32_out_gemm_tolerance(k));

@@ -20,6 +20,11 @@ __device__ __forceinline__ void cp_async_wait_pending(int n) {
   else if (n == 2) cp_async_wait<2>();
   else cp_async_wait<3>();
 }
+// Asks L2 to fetch `bytes` (a multiple of 16) from global memory at `p` (16-byte aligned); no
+// data comes back to the SM, so it is safe to issue before the producer of nearby data finishes.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
 __device__ __forceinline__ uint4 lds128(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));

@@ -9,11 +9,11 @@
 // Work decomposition. Each weight part (the whole weight, or one domain's shard; for BMM a batch
 // of per-head weights) is cut into row groups of 16-row tiles (NVFP4: 4 tiles, BF16: 1); with
 // SwiGLU a group has two halves (its gate rows and the matching up rows). A "row" of work is one
-// group-half over the whole K, C chunks long. A unit of work is either one whole row, or, when
-// whole rows would load the SMs unevenly (e.g. 288 rows on 132 SMs), an equal contiguous range of
-// chunks of the domain's rows laid end to end (about one per resident CTA: stream-K), which may
-// end inside a row for the next unit to finish (it touches at most 3 rows). A CTA (W warps: 8
-// for NVFP4, 4 for BF16) takes one unit at a time from its domain's atomic counter; each warp
+// group-half over the whole K, C chunks long. A unit of work is either one whole row (when the
+// rows nearly fill the resident CTA slots in one round), or an equal contiguous range of chunks of
+// the domain's rows laid end to end (about one per resident CTA: stream-K), which may end inside
+// a row for the next unit to finish (it touches at most 3 rows). A CTA (W warps: 8, or 4 where 8
+// fit only one CTA per SM) takes one unit at a time from its domain's atomic counter; each warp
 // streams a contiguous 1/W of the unit's chunks through its own cp.async shared-memory ring,
 // across row boundaries, into mma.sync m16n8k16 (tokens on the n side; NVFP4 dequantized exactly
 // in registers) and leaves each row's sums in shared memory; then, for each row segment of the
@@ -21,7 +21,9 @@
 //   - the segment is the whole row and there is no SwiGLU: the CTA writes the outputs directly;
 //   - else: it stores its fp32 partial, and the group's last segment (an atomic count) adds the
 //     partials in segment order (deterministic), applies scale/bias/SwiGLU and writes y.
-// Counters are reset by the kernel itself, so graph replays need no memset.
+// Counters are reset by the kernel itself, so graph replays need no memset. The kernel is launched
+// as a programmatic dependent launch: its CTAs may start while the previous kernel in the stream
+// drains, ask L2 for their first weights, and wait for that kernel before reading anything else.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -91,6 +93,10 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream);
 struct StreamGemmTuning {
   int units_per_cta = 0;  // 0: the heuristic; > 0: the stream-K cut with this many units per
                           // resident CTA; < 0: whole rows as units
+  int warps = 0;          // warps per CTA: 0 the heuristic, else 4 or 8
+  int stages = 0;         // ring depth per warp: 0 the heuristic, else 2..4
+  int dependent_launch = 1;  // 1: programmatic dependent launch (start during the previous
+                             // kernel's tail, prefetching weights); 0: plain stream order
 };
 void set_stream_gemm_tuning(const StreamGemmTuning& t);
 

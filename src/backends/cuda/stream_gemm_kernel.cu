@@ -18,14 +18,12 @@
 namespace locus::cuda::detail {
 namespace {
 
-// Warps per CTA (W); each streams 1/W of the CTA's row segment. NVFP4 takes 8: it dequantizes in
-// registers and needs the warps (two such CTAs per SM) to keep both the issue slots and the
-// copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM stream and dequantize at
-// about 3.5 TB/s, 4 at 1.5-1.7). BF16 takes 4.
-template <StreamWeight F, int MB>
-constexpr int warps_per_cta() { return F == StreamWeight::kNVFP4 ? 8 : 4; }
-template <StreamWeight F, int MB>
-constexpr int kThreads = warps_per_cta<F, MB>() * 32;  // per CTA
+// Warps per CTA (W): 8 or 4, chosen per launch (launch_typed). Each streams 1/W of the CTA's unit.
+// NVFP4 dequantizes in registers and needs about 16 warps per SM to keep both the issue slots and
+// the copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM stream and dequantize
+// at about 3.5 TB/s, 4 at 1.5-1.7); 8-warp CTAs give that with two CTAs per SM, 4-warp CTAs with
+// four, in units half as long (less pipeline fill and reduction per unit on small problems).
+constexpr int kWideWarps = 8, kNarrowWarps = 4;
 
 // Per-launch constants computed on the host.
 struct Plan {
@@ -39,6 +37,7 @@ struct Plan {
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
   int32_t stages;      // its ring depth, 2..4
+  int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -125,15 +124,30 @@ struct Format<StreamWeight::kNVFP4> {
     cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
   }
   __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
+  // Asks L2 for the segment's codes and scales: lane r < kGroupTiles takes the storage group of
+  // tile r, unless tile r - 1 shares it (a group's chunks are one stretch; up rows may start
+  // mid-group). Returns the bytes asked for.
+  __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t chunks, int64_t, const Segment& u, int lane) {
+    auto storage_group = [&](int r) {
+      return (min(u.group * kGroupTiles + r, p.tiles - 1) + u.half * p.up_offset) / kGroupTiles;
+    };
+    if (lane < kGroupTiles && (lane == 0 || storage_group(lane) != storage_group(lane - 1))) {
+      const int64_t first = static_cast<int64_t>(storage_group(lane)) * chunks + u.c0;  // in group chunks
+      prefetch_l2_bulk(static_cast<const uint8_t*>(p.w) + first * (kGroupTiles * 512), u.n * (kGroupTiles * 512));
+      prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(p.scales) + first * (kGroupTiles * 64), u.n * (kGroupTiles * 64));
+    }
+    return static_cast<int64_t>(u.n) * kWeightBytes;
+  }
 };
 
-// BF16: one tile x 256 K of the row-major weight: lane t's pieces are 8 K values (16 bytes) at
+// BF16: one tile x 128 K of the row-major weight: lane t's pieces are 8 K values (16 bytes) at
 // k0 + 8t + 32q, q < kPieces, of row g and of row g + 8, so that the 4 lanes of a row cover its
-// 512 contiguous bytes (long DRAM bursts); the token's activations at the same K.
+// 256 contiguous bytes; the token's activations at the same K. (Copies that read whole 128-byte
+// lines per instruction instead measured the same on the H200: 42.4 us at 7168 x 7168, M = 1.)
 template <>
 struct Format<StreamWeight::kBF16> {
   static constexpr int kGroupTiles = 1;
-  static constexpr int kPieces = 8;
+  static constexpr int kPieces = 4;
   static constexpr int kChunkK = 32 * kPieces;
   static constexpr int kWeightBytes = kGroupTiles * 2 * kPieces * 512;
   static constexpr int kXRowBytes = 2 * kChunkK;
@@ -203,15 +217,22 @@ struct Format<StreamWeight::kBF16> {
     }
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
+  // Asks L2 for the segment's weights: lane i < 16 for row i of the tile (K range clipped to K).
+  __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t, int64_t k, const Segment& u, int lane) {
+    const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK, k1 = min(k, k0 + static_cast<int64_t>(u.n) * kChunkK);
+    if (lane < 16 && k1 > k0) {
+      const int64_t row = min(u.group * 16 + lane, p.rows - 1) + u.half * p.up_offset;
+      const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride + row * p.ldw + k0;
+      prefetch_l2_bulk(w, static_cast<uint32_t>((k1 - k0) * 2));
+    }
+    return (k1 - k0) * 2 * 16;
+  }
 };
 
 // Most pipeline stages per warp; launch_typed takes fewer where that keeps two CTAs per SM
 // (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
-template <StreamWeight F, int MB>
-constexpr int max_pipeline_stages() {
-  if constexpr (F == StreamWeight::kNVFP4) return 4;
-  else return MB == 4 ? 2 : 3;
-}
+template <StreamWeight F>
+constexpr int max_pipeline_stages() { return 4; }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
@@ -400,12 +421,11 @@ __device__ __forceinline__ void add4(float (&v)[4], const float4& q) {
 // group's last segment adds them in segment order (deterministic either way). The rows proceed
 // side by side, so the unit pays the partials' memory round trips (fence, count, read) once.
 // Ends with a barrier.
-template <StreamWeight F, int MB, int H>
+template <StreamWeight F, int MB, int H, int W>
 __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit,
                                             int64_t begin, int64_t end, uint8_t* slots, int warp, int lane,
                                             unsigned* s_last) {
   using Fmt = Format<F>;
-  constexpr int W = warps_per_cta<F, MB>();
   constexpr int R = Fmt::kGroupTiles;
   const int64_t c = pl.chunks, r_first = begin / c;
   const int rows = static_cast<int>((end - 1) / c - r_first + 1);
@@ -494,19 +514,55 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
   __syncthreads();
 }
 
+// Before the previous kernel in the stream has finished (programmatic dependent launch), a CTA
+// asks L2 for up to kPrefetchBytes of the weights of unit blockIdx.x of the domains' units laid
+// end to end: a guess (units are taken dynamically), but the CTAs together ask for the first
+// units of every domain, whoever streams them then. Weights only: nothing the previous kernel
+// writes is read here, and an L2 prefetch returns no data that could go stale. Only in launches
+// that overlap the previous kernel: in a plain one it would just compete with the rings' first
+// copies.
+constexpr int64_t kPrefetchBytes = 64 << 10;
+
+template <StreamWeight F, int H>
+__device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, const Plan& pl, int lane) {
+  int64_t unit = blockIdx.x;
+  int domain = 0;
+  while (domain < a.num_domains && unit >= pl.units[domain]) unit -= pl.units[domain++];
+  if (domain == a.num_domains) return;
+  const int64_t c = pl.chunks, t = static_cast<int64_t>(pl.rows[domain]) * c;
+  const int64_t begin = t * unit / pl.units[domain], end = t * (unit + 1) / pl.units[domain];
+  int64_t budget = kPrefetchBytes;
+  for (int64_t r = begin / c; r * c < end && budget > 0; ++r) {
+    Segment u = decode_row<H>(a, domain, r);
+    u.c0 = static_cast<int>(max(begin, r * c) - r * c);
+    u.n = static_cast<int>(min(end, r * c + c) - r * c) - u.c0;
+    const int64_t affordable = (budget + Format<F>::kWeightBytes - 1) / Format<F>::kWeightBytes;
+    if (u.n > affordable) u.n = static_cast<int>(affordable);
+    budget -= Format<F>::prefetch(a.parts[u.part], pl.chunks, a.k, u, lane);
+  }
+}
+
+// Programmatic dependent launch (sm_90): let the next kernel in the stream start launching (its
+// CTAs become resident as ours leave), and wait until the previous one has finished and its
+// writes are visible (immediate when it has, or when the launch was not programmatic).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Each CTA takes one unit at a time (own domain first, then the others'): its warps stream the
 // unit's chunks, then finish_unit writes its rows' outputs or partials.
-template <StreamWeight F, int MB, int H>
-__global__ void __launch_bounds__(kThreads<F, MB>)
+template <StreamWeight F, int MB, int H, int W>
+__global__ void __launch_bounds__(W * 32)
     stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl) {
-  static_assert(Format<F>::kGroupTiles <= warps_per_cta<F, MB>(), "one warp per tile in the reduction");
+  static_assert(Format<F>::kGroupTiles <= W, "a warp per tile in the reduction");
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_domain, s_unit;
   __shared__ unsigned s_last[kMaxUnitRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int W = warps_per_cta<F, MB>();
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
   uint8_t* slots = smem + W * pl.ring_bytes;  // the row slots (row_slot) after the W rings
+  launch_dependents();
+  if (pl.overlapped && warp == 0) prefetch_first_unit<F, H>(a, pl, lane);
+  wait_for_previous_grid();  // before the counters, activations, partials or outputs are touched
 
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -543,7 +599,7 @@ __global__ void __launch_bounds__(kThreads<F, MB>)
     const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
     if (we > wb) warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane);
     __syncthreads();
-    finish_unit<F, MB, H>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);
+    finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);
   }
   // The last CTA out resets the unit counters for the next launch.
   if (threadIdx.x == 0) {
@@ -602,16 +658,19 @@ int sm_count_for(cudaStream_t stream) {
 }
 
 std::atomic<int> g_units_per_cta{0};
+std::atomic<int> g_warps{0};
+std::atomic<int> g_stages{0};
+std::atomic<bool> g_dependent_launch{true};
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
-template <StreamWeight F, int MB, int H>
+template <StreamWeight F, int MB, int H, int W>
 int blocks_per_sm(int smem_bytes) {
   static std::mutex mu;
   static std::map<int, int> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(smem_bytes);
   if (it != cache.end()) return it->second;
-  auto* kernel = stream_gemm_kernel<F, MB, H>;
+  auto* kernel = stream_gemm_kernel<F, MB, H, W>;
   if (cache.empty()) {
     int dev = 0, optin = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -622,7 +681,7 @@ int blocks_per_sm(int smem_bytes) {
                                           optin - static_cast<int>(attr.sharedSizeBytes)));
   }
   int n = 0;
-  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads<F, MB>, smem_bytes));
+  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, W * 32, smem_bytes));
   LOCUS_CHECK(n >= 1, "streaming GEMM: ", smem_bytes, " bytes of shared memory per CTA do not fit an SM");
   cache[smem_bytes] = n;
   return n;
@@ -640,9 +699,10 @@ int64_t stream_k_units(int64_t t, int64_t c, int64_t chunks_total, int max_block
   return std::clamp<int64_t>(std::max<int64_t>(units, (t + max_len - 1) / max_len), 1, t);
 }
 
-// About what the partials' round trips (store, fence, count, read) cost at the end of a
-// stream-K unit, in chunks (2-3 us at ~10 chunks per us per SM on the H200).
-constexpr int64_t kPartialChunks = 25;
+// About what the partials' round trips (store, fence, count, read) at the end of a stream-K unit
+// cost, in chunks. The H200 (2026-12-03, back to back): 7168 x 7168 at M = 1 (per SM 112 chunks as
+// whole rows, 95 cut) 20.9 us whole, 19.7 cut; 7168 x 2048 (32 whole, 27 cut) 11.9 whole, 13.6 cut.
+constexpr int64_t kPartialChunks = 10;
 
 // Whole rows as units (no partials, no counters: each CTA writes its rows' outputs) unless that
 // leaves the busiest SM with more than kPartialChunks more chunks than the stream-K cut would,
@@ -664,6 +724,15 @@ bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int 
   return true;
 }
 
+// Whether every domain's rows fit its share of `max_blocks` resident CTAs in one round.
+bool rows_fit_one_round(const Plan& pl, int num_domains, int64_t chunks_total, int max_blocks) {
+  for (int d = 0; d < num_domains; ++d) {
+    const int64_t t = static_cast<int64_t>(pl.rows[d]) * pl.chunks;
+    if (t > 0 && pl.rows[d] > std::max<int64_t>(1, static_cast<int64_t>(max_blocks) * t / chunks_total)) return false;
+  }
+  return true;
+}
+
 // The deepest ring (2..max_stages) with which two CTAs fit an SM's shared memory, else one CTA.
 int ring_stages(int slot_bytes, int warps, int fixed_bytes, int max_stages) {
   static const int sm_bytes = [] {
@@ -680,23 +749,31 @@ int ring_stages(int slot_bytes, int warps, int fixed_bytes, int max_stages) {
   return 2;  // blocks_per_sm reports it if even this does not fit
 }
 
-template <StreamWeight F, int MB, int H>
-void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
+// Shared memory and residency of one kernel instantiation at M activation rows.
+struct LaunchShape {
+  int slot_bytes, stages, ring_bytes, smem_bytes, max_blocks;
+};
+template <StreamWeight F, int MB, int H, int W>
+LaunchShape launch_shape(int m, cudaStream_t stream) {
+  LaunchShape ls{};
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
-  const int slot_bytes = Format<F>::kWeightBytes + a.m * Format<F>::kXRowBytes;
-  constexpr int W = warps_per_cta<F, MB>();
+  ls.slot_bytes = Format<F>::kWeightBytes + m * Format<F>::kXRowBytes;
   // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
   const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
-  const int stages = ring_stages(slot_bytes, W, slots_bytes, max_pipeline_stages<F, MB>());
-  const int ring_bytes = stages * slot_bytes;
-  const int smem_bytes = W * ring_bytes + slots_bytes;
-  const int max_blocks = blocks_per_sm<F, MB, H>(smem_bytes) * sm_count_for(stream);
-  const int32_t chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
+  ls.stages = g_stages.load() > 0 ? g_stages.load() : ring_stages(ls.slot_bytes, W, slots_bytes, max_pipeline_stages<F>());
+  ls.ring_bytes = ls.stages * ls.slot_bytes;
+  ls.smem_bytes = W * ls.ring_bytes + slots_bytes;
+  ls.max_blocks = blocks_per_sm<F, MB, H, W>(ls.smem_bytes) * sm_count_for(stream);
+  return ls;
+}
 
+// Rows per domain and the parts' row, group and slot bases (independent of the CTA shape);
+// returns the chunks of all domains.
+template <StreamWeight F, int H>
+int64_t plan_rows(StreamGemmArgs& a, Plan& pl, int64_t* groups_total, int64_t* rows_total) {
   constexpr int R = Format<F>::kGroupTiles;
-  Plan pl{};
-  pl.chunks = chunks;
-  int64_t groups_total = 0, rows_total = 0;
+  pl.chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
+  *groups_total = *rows_total = 0;
   for (int i = 0; i < a.num_parts; ++i) {
     StreamGemmPart& p = a.parts[i];
     p.tiles = (p.rows + 15) / 16;
@@ -705,37 +782,79 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
     LOCUS_CHECK(pl.rows[p.domain] + rows < (1LL << 30), "streaming GEMM: too many row groups");
     p.row_begin = pl.rows[p.domain];
     pl.rows[p.domain] += static_cast<int32_t>(rows);
-    p.group_base = static_cast<int32_t>(groups_total);
-    groups_total += static_cast<int64_t>(p.batch) * p.groups;
-    p.slot_row_base = static_cast<int32_t>(rows_total);
-    rows_total += rows;
+    p.group_base = static_cast<int32_t>(*groups_total);
+    *groups_total += static_cast<int64_t>(p.batch) * p.groups;
+    p.slot_row_base = static_cast<int32_t>(*rows_total);
+    *rows_total += rows;
   }
   int64_t chunks_total = 0;
-  for (int d = 0; d < a.num_domains; ++d) chunks_total += static_cast<int64_t>(pl.rows[d]) * chunks;
-  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), max_blocks, W, H);
+  for (int d = 0; d < a.num_domains; ++d) chunks_total += static_cast<int64_t>(pl.rows[d]) * pl.chunks;
+  return chunks_total;
+}
+
+template <StreamWeight F, int MB, int H, int W>
+void launch_with(StreamGemmArgs& a, Plan& pl, int64_t chunks_total, int64_t groups_total, int64_t rows_total,
+                 cudaStream_t stream) {
+  constexpr int R = Format<F>::kGroupTiles;
+  const LaunchShape ls = launch_shape<F, MB, H, W>(a.m, stream);
+  const int32_t chunks = pl.chunks;
+  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), ls.max_blocks, W, H);
   int64_t all_units = 0;
   pl.max_segments = 1;
   for (int d = 0; d < a.num_domains; ++d) {
     const int64_t t = static_cast<int64_t>(pl.rows[d]) * chunks;
     if (t == 0) continue;
-    const int64_t units = rows_whole ? pl.rows[d] : stream_k_units(t, chunks, chunks_total, max_blocks, W);
+    const int64_t units = rows_whole ? pl.rows[d] : stream_k_units(t, chunks, chunks_total, ls.max_blocks, W);
     pl.units[d] = static_cast<int32_t>(units);
     all_units += units;
     // Units are at least floor(T / U) chunks long, so a row of C chunks meets at most
     // ceil(C / that) + 1 of them.
     pl.max_segments = std::max<int32_t>(pl.max_segments, static_cast<int32_t>((chunks - 1) / (t / units) + 2));
   }
-  const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, all_units));
+  const int blocks = static_cast<int>(std::min<int64_t>(ls.max_blocks, all_units));
   pl.total_ctas = blocks;
   Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(groups_total),
                           std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;
-  pl.slot_bytes = slot_bytes;
-  pl.ring_bytes = ring_bytes;
-  pl.stages = stages;
-  stream_gemm_kernel<F, MB, H><<<blocks, kThreads<F, MB>, smem_bytes, stream>>>(a, pl);
-  LOCUS_CUDA_CHECK_LAUNCH("streaming GEMM kernel launch");
+  pl.slot_bytes = ls.slot_bytes;
+  pl.ring_bytes = ls.ring_bytes;
+  pl.stages = ls.stages;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(W * 32);
+  config.dynamicSmemBytes = ls.smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  // Only a grid that fills every slot overlaps the previous launch: otherwise its CTAs would take
+  // the slots the previous grid leaves free before it ends, unevenly (7168 x 7168 whole rows
+  // back to back: 20.4 us per call plain, 24.4 overlapped).
+  pl.overlapped = g_dependent_launch.load() && blocks == ls.max_blocks ? 1 : 0;
+  overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
+  config.attrs = overlap;
+  config.numAttrs = 1;
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, stream_gemm_kernel<F, MB, H, W>, a, pl), "streaming GEMM kernel launch");
+}
+
+template <StreamWeight F, int MB, int H>
+void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
+  Plan pl{};
+  int64_t groups_total = 0, rows_total = 0;
+  const int64_t chunks_total = plan_rows<F, H>(a, pl, &groups_total, &rows_total);
+  int warps = g_warps.load();
+  if (warps == 0) {
+    // 8 warps, unless that fits only one CTA per SM (registers and row slots at M = 17..32) and
+    // the rows need more than one round of such CTAs: then 4, two CTAs per SM, so that one CTA's
+    // unit end overlaps the other's streaming. The H200 at M = 32 (2026-12-03): 4 warps faster by
+    // 19-30 % on 18432 x 7168, 24576 x 1536 and 32768 x 512 (288-512 rows on 132 CTAs of 8), 8
+    // warps faster by 5-24 % on 7168 x 18432, 4096 x 7168 and 7168 x 2048 (64-112 rows).
+    const int wide_blocks = launch_shape<F, MB, H, kWideWarps>(a.m, stream).max_blocks;
+    const bool one_per_sm = wide_blocks < 2 * sm_count_for(stream);
+    warps = one_per_sm && !rows_fit_one_round(pl, a.num_domains, chunks_total, wide_blocks) ? kNarrowWarps : kWideWarps;
+  }
+  if (warps == kNarrowWarps) launch_with<F, MB, H, kNarrowWarps>(a, pl, chunks_total, groups_total, rows_total, stream);
+  else launch_with<F, MB, H, kWideWarps>(a, pl, chunks_total, groups_total, rows_total, stream);
 }
 
 template <StreamWeight F, int H>
@@ -749,7 +868,15 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void set_stream_gemm_tuning(const StreamGemmTuning& t) { g_units_per_cta.store(t.units_per_cta); }
+void set_stream_gemm_tuning(const StreamGemmTuning& t) {
+  LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || t.warps == kNarrowWarps, "streaming GEMM: ", t.warps,
+              " warps per CTA (0, ", kNarrowWarps, " or ", kWideWarps, ")");
+  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= 4), "streaming GEMM: ring depth ", t.stages, " (0, or 2..4)");
+  g_units_per_cta.store(t.units_per_cta);
+  g_warps.store(t.warps);
+  g_stages.store(t.stages);
+  g_dependent_launch.store(t.dependent_launch != 0);
+}
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {
   if (a.m < 1 || a.m > kStreamGemmMaxM || a.k < 1) return false;
