@@ -17,6 +17,11 @@ namespace {
 
 using namespace locus::testing;
 
+// Puts the streaming kernel's default tuning back when a test that forces one ends.
+struct RestoreDefaultTuning {
+  ~RestoreDefaultTuning() { cuda::detail::set_stream_gemm_tuning({}); }
+};
+
 struct Bf16Case {
   int64_t m, n, k;
   DType out;
@@ -100,9 +105,7 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
 // against plain stream order. NVFP4 and BF16 layers alternate.
 TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
   LOCUS_REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { cuda::detail::set_stream_gemm_tuning({}); }
-  } restore;
+  RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t M = 4, D = 3072;
@@ -174,9 +177,7 @@ TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
 // boundaries.
 TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
   LOCUS_REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { cuda::detail::set_stream_gemm_tuning({}); }
-  } restore;
+  RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 7168}, {9, 200, 192}, {16, 1024, 1536}}) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " N " << n << " K " << k);
