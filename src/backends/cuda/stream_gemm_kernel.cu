@@ -13,17 +13,19 @@
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/persistent_alloc.h"
 #include "backends/cuda/stream_gemm.h"
+#include "backends/cuda/stream_gemm_rules.h"
 #include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda::detail {
 namespace {
+
+static_assert(kStreamRulesMaxDomains == kStreamGemmMaxDomains, "the rules see every domain");
 
 // Warps per CTA (W): 8 or 4, chosen per launch (launch_typed). Each streams 1/W of the CTA's unit.
 // NVFP4 dequantizes in registers and needs about 16 warps per SM to keep both the issue slots and
 // the copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM stream and dequantize
 // at about 3.5 TB/s, 4 at 1.5-1.7); 8-warp CTAs give that with two CTAs per SM, 4-warp CTAs with
 // four, in units half as long (less pipeline fill and reduction per unit on small problems).
-constexpr int kWideWarps = 8, kNarrowWarps = 4;
 
 // Per-launch constants computed on the host.
 struct Plan {
@@ -41,7 +43,6 @@ struct Plan {
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
-constexpr int kMaxUnitRows = 3;  // rows one unit may touch (bounds the CTA's row slots)
 constexpr int kTileCounters = kStreamGemmMaxDomains + 1;
 
 // One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
@@ -687,66 +688,14 @@ int blocks_per_sm(int smem_bytes) {
   return n;
 }
 
-// Stream-K: a domain's T = rows * C chunks cut into units of equal length, about `upc` (default
-// 1) per resident CTA over all domains (in proportion to their work), each at least two chunks
-// per warp where that leaves units to spare (so a warp's pipeline has something to overlap), and
-// short enough to touch at most kMaxUnitRows rows (L <= (kMaxUnitRows - 1) * C + 1).
-int64_t stream_k_units(int64_t t, int64_t c, int64_t chunks_total, int max_blocks, int warps) {
-  const int upc = g_units_per_cta.load() > 0 ? g_units_per_cta.load() : 1;
-  const int64_t want = (static_cast<int64_t>(max_blocks) * upc * t + chunks_total / 2) / chunks_total;
-  const int64_t max_len = static_cast<int64_t>(kMaxUnitRows - 1) * c + 1;
-  const int64_t units = std::min<int64_t>(want, t / (2 * warps));
-  return std::clamp<int64_t>(std::max<int64_t>(units, (t + max_len - 1) / max_len), 1, t);
-}
-
-// About what the partials' round trips (store, fence, count, read) at the end of a stream-K unit
-// cost, in chunks. The H200 (2026-12-03, back to back): 7168 x 7168 at M = 1 (per SM 112 chunks as
-// whole rows, 95 cut) 20.9 us whole, 19.7 cut; 7168 x 2048 (32 whole, 27 cut) 11.9 whole, 13.6 cut.
-constexpr int64_t kPartialChunks = 10;
-
-// Whole rows as units (no partials, no counters: each CTA writes its rows' outputs) unless that
-// leaves the busiest SM with more than kPartialChunks more chunks than the stream-K cut would,
-// or the rows would not all run at once (a second round restarts the pipelines), or a warp would
-// get fewer than two chunks of a row. SwiGLU always needs partials (gate and up are separate
-// rows), so it takes the stream-K cut.
-bool whole_row_units(const Plan& pl, int num_domains, int64_t chunks_total, int sms, int max_blocks, int warps, int h) {
-  const int tuning = g_units_per_cta.load();
-  if (tuning != 0) return tuning < 0;  // forced by a benchmark sweep: < 0 whole rows, > 0 stream-K
-  if (h != 1 || pl.chunks < 2 * warps) return false;
-  for (int d = 0; d < num_domains; ++d) {
-    const int64_t t = static_cast<int64_t>(pl.rows[d]) * pl.chunks;
-    if (t == 0) continue;
-    const int64_t share = std::max<int64_t>(1, sms * t / chunks_total);  // this domain's SMs
-    const int64_t ctas = std::max<int64_t>(1, static_cast<int64_t>(max_blocks) * t / chunks_total);
-    const int64_t whole = (pl.rows[d] + share - 1) / share * pl.chunks, cut = t / share;
-    if (pl.rows[d] > ctas || whole > cut + kPartialChunks) return false;
-  }
-  return true;
-}
-
-// Whether every domain's rows fit its share of `max_blocks` resident CTAs in one round.
-bool rows_fit_one_round(const Plan& pl, int num_domains, int64_t chunks_total, int max_blocks) {
-  for (int d = 0; d < num_domains; ++d) {
-    const int64_t t = static_cast<int64_t>(pl.rows[d]) * pl.chunks;
-    if (t > 0 && pl.rows[d] > std::max<int64_t>(1, static_cast<int64_t>(max_blocks) * t / chunks_total)) return false;
-  }
-  return true;
-}
-
-// The deepest ring (2..max_stages) with which two CTAs fit an SM's shared memory, else one CTA.
-int ring_stages(int slot_bytes, int warps, int fixed_bytes, int max_stages) {
-  static const int sm_bytes = [] {
+int shared_memory_per_sm() {
+  static const int bytes = [] {
     int dev = 0, n = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     return n;
   }();
-  const int reserved = 1024 + 64;  // the runtime's share per CTA, the kernel's static variables
-  for (int ctas : {2, 1}) {
-    const int stages = (sm_bytes / ctas - reserved - fixed_bytes) / (warps * slot_bytes);
-    if (stages >= 2) return std::min(stages, max_stages);
-  }
-  return 2;  // blocks_per_sm reports it if even this does not fit
+  return bytes;
 }
 
 // Shared memory and residency of one kernel instantiation at M activation rows.
@@ -760,56 +709,60 @@ LaunchShape launch_shape(int m, cudaStream_t stream) {
   ls.slot_bytes = Format<F>::kWeightBytes + m * Format<F>::kXRowBytes;
   // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
   const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
-  ls.stages = g_stages.load() > 0 ? g_stages.load() : ring_stages(ls.slot_bytes, W, slots_bytes, max_pipeline_stages<F>());
+  ls.stages = g_stages.load() > 0 ? g_stages.load()
+                                  : ring_stages(ls.slot_bytes, W, slots_bytes, max_pipeline_stages<F>(), shared_memory_per_sm());
   ls.ring_bytes = ls.stages * ls.slot_bytes;
   ls.smem_bytes = W * ls.ring_bytes + slots_bytes;
   ls.max_blocks = blocks_per_sm<F, MB, H, W>(ls.smem_bytes) * sm_count_for(stream);
   return ls;
 }
 
-// Rows per domain and the parts' row, group and slot bases (independent of the CTA shape);
-// returns the chunks of all domains.
+// The launch's rows of work per domain, and the parts' row, group and slot bases (independent of
+// the CTA shape).
 template <StreamWeight F, int H>
-int64_t plan_rows(StreamGemmArgs& a, Plan& pl, int64_t* groups_total, int64_t* rows_total) {
+StreamRows plan_rows(StreamGemmArgs& a, int64_t* groups_total, int64_t* rows_total) {
   constexpr int R = Format<F>::kGroupTiles;
-  pl.chunks = static_cast<int32_t>((a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK);
+  StreamRows work;
+  work.chunks = (a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK;
+  work.num_domains = a.num_domains;
   *groups_total = *rows_total = 0;
   for (int i = 0; i < a.num_parts; ++i) {
     StreamGemmPart& p = a.parts[i];
     p.tiles = (p.rows + 15) / 16;
     p.groups = (p.tiles + R - 1) / R;
     const int64_t rows = static_cast<int64_t>(p.batch) * p.groups * H;
-    LOCUS_CHECK(pl.rows[p.domain] + rows < (1LL << 30), "streaming GEMM: too many row groups");
-    p.row_begin = pl.rows[p.domain];
-    pl.rows[p.domain] += static_cast<int32_t>(rows);
+    LOCUS_CHECK(work.rows[p.domain] + rows < (1LL << 30), "streaming GEMM: too many row groups");
+    p.row_begin = work.rows[p.domain];
+    work.rows[p.domain] += static_cast<int32_t>(rows);
     p.group_base = static_cast<int32_t>(*groups_total);
     *groups_total += static_cast<int64_t>(p.batch) * p.groups;
     p.slot_row_base = static_cast<int32_t>(*rows_total);
     *rows_total += rows;
   }
-  int64_t chunks_total = 0;
-  for (int d = 0; d < a.num_domains; ++d) chunks_total += static_cast<int64_t>(pl.rows[d]) * pl.chunks;
-  return chunks_total;
+  return work;
 }
 
 template <StreamWeight F, int MB, int H, int W>
-void launch_with(StreamGemmArgs& a, Plan& pl, int64_t chunks_total, int64_t groups_total, int64_t rows_total,
+void launch_with(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
                  cudaStream_t stream) {
   constexpr int R = Format<F>::kGroupTiles;
   const LaunchShape ls = launch_shape<F, MB, H, W>(a.m, stream);
-  const int32_t chunks = pl.chunks;
-  const bool rows_whole = whole_row_units(pl, a.num_domains, chunks_total, sm_count_for(stream), ls.max_blocks, W, H);
+  Plan pl{};
+  pl.chunks = static_cast<int32_t>(work.chunks);
+  const int forced = g_units_per_cta.load();  // < 0 whole rows, > 0 stream-K with that many per CTA
+  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sm_count_for(stream), ls.max_blocks, W, H);
   int64_t all_units = 0;
   pl.max_segments = 1;
   for (int d = 0; d < a.num_domains; ++d) {
-    const int64_t t = static_cast<int64_t>(pl.rows[d]) * chunks;
+    pl.rows[d] = work.rows[d];
+    const int64_t t = work.chunks_of(d);
     if (t == 0) continue;
-    const int64_t units = rows_whole ? pl.rows[d] : stream_k_units(t, chunks, chunks_total, ls.max_blocks, W);
+    const int64_t units = rows_whole ? work.rows[d] : stream_k_units(work, d, ls.max_blocks, W, std::max(forced, 1));
     pl.units[d] = static_cast<int32_t>(units);
     all_units += units;
     // Units are at least floor(T / U) chunks long, so a row of C chunks meets at most
     // ceil(C / that) + 1 of them.
-    pl.max_segments = std::max<int32_t>(pl.max_segments, static_cast<int32_t>((chunks - 1) / (t / units) + 2));
+    pl.max_segments = std::max<int32_t>(pl.max_segments, static_cast<int32_t>((work.chunks - 1) / (t / units) + 2));
   }
   const int blocks = static_cast<int>(std::min<int64_t>(ls.max_blocks, all_units));
   pl.total_ctas = blocks;
@@ -820,6 +773,7 @@ void launch_with(StreamGemmArgs& a, Plan& pl, int64_t chunks_total, int64_t grou
   pl.slot_bytes = ls.slot_bytes;
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;
+  pl.overlapped = g_dependent_launch.load() && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(W * 32);
@@ -827,10 +781,6 @@ void launch_with(StreamGemmArgs& a, Plan& pl, int64_t chunks_total, int64_t grou
   config.stream = stream;
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  // Only a grid that fills every slot overlaps the previous launch: otherwise its CTAs would take
-  // the slots the previous grid leaves free before it ends, unevenly (7168 x 7168 whole rows
-  // back to back: 20.4 us per call plain, 24.4 overlapped).
-  pl.overlapped = g_dependent_launch.load() && blocks == ls.max_blocks ? 1 : 0;
   overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
   config.attrs = overlap;
   config.numAttrs = 1;
@@ -839,22 +789,13 @@ void launch_with(StreamGemmArgs& a, Plan& pl, int64_t chunks_total, int64_t grou
 
 template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
-  Plan pl{};
   int64_t groups_total = 0, rows_total = 0;
-  const int64_t chunks_total = plan_rows<F, H>(a, pl, &groups_total, &rows_total);
+  const StreamRows work = plan_rows<F, H>(a, &groups_total, &rows_total);
   int warps = g_warps.load();
-  if (warps == 0) {
-    // 8 warps, unless that fits only one CTA per SM (registers and row slots at M = 17..32) and
-    // the rows need more than one round of such CTAs: then 4, two CTAs per SM, so that one CTA's
-    // unit end overlaps the other's streaming. The H200 at M = 32 (2026-12-03): 4 warps faster by
-    // 19-30 % on 18432 x 7168, 24576 x 1536 and 32768 x 512 (288-512 rows on 132 CTAs of 8), 8
-    // warps faster by 5-24 % on 7168 x 18432, 4096 x 7168 and 7168 x 2048 (64-112 rows).
-    const int wide_blocks = launch_shape<F, MB, H, kWideWarps>(a.m, stream).max_blocks;
-    const bool one_per_sm = wide_blocks < 2 * sm_count_for(stream);
-    warps = one_per_sm && !rows_fit_one_round(pl, a.num_domains, chunks_total, wide_blocks) ? kNarrowWarps : kWideWarps;
-  }
-  if (warps == kNarrowWarps) launch_with<F, MB, H, kNarrowWarps>(a, pl, chunks_total, groups_total, rows_total, stream);
-  else launch_with<F, MB, H, kWideWarps>(a, pl, chunks_total, groups_total, rows_total, stream);
+  if (warps == 0)
+    warps = cta_warps(work, launch_shape<F, MB, H, kWideWarps>(a.m, stream).max_blocks, sm_count_for(stream));
+  if (warps == kNarrowWarps) launch_with<F, MB, H, kNarrowWarps>(a, work, groups_total, rows_total, stream);
+  else launch_with<F, MB, H, kWideWarps>(a, work, groups_total, rows_total, stream);
 }
 
 template <StreamWeight F, int H>

@@ -1,0 +1,88 @@
+// The streaming GEMM's launch rules (backends/cuda/stream_gemm_rules.h), checked on the CPU with the
+// H200's numbers (132 SMs, 228 KB of shared memory per SM; 8-warp NVFP4 CTAs: two per SM at
+// M <= 16, one at M = 17..32): the choices the 2026-12-03 measurements in docs/benchmarks.md
+// motivated, and the invariants the kernel relies on (unit lengths, at least one unit).
+#include "backends/cuda/stream_gemm_rules.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int kSms = 132;
+constexpr int kSmemPerSm = 228 * 1024;
+
+// NVFP4 work of an N x K weight on one domain: rows of 64 output columns, chunks of 64 K.
+StreamRows nvfp4_work(int64_t n, int64_t k, int domains = 1) {
+  StreamRows w;
+  w.chunks = k / 64;
+  w.num_domains = domains;
+  for (int d = 0; d < domains; ++d) w.rows[d] = static_cast<int32_t>(n / 64 / domains);
+  return w;
+}
+
+TEST(StreamGemmRules, WholeRowsOnlyWhereTheyBalanceTheSms) {
+  const int slots = 2 * kSms;  // 8-warp CTAs at M <= 16
+  // 112 rows of 32 chunks: 32 per busy SM against 27 cut, within the partials' cost.
+  EXPECT_TRUE(whole_row_units(nvfp4_work(7168, 2048), kSms, slots, kWideWarps, 1));
+  // 112 rows of 112 chunks: 112 per busy SM against 95 cut.
+  EXPECT_FALSE(whole_row_units(nvfp4_work(7168, 7168), kSms, slots, kWideWarps, 1));
+  EXPECT_FALSE(whole_row_units(nvfp4_work(18432, 7168), kSms, slots, kWideWarps, 1));  // 288 rows, 264 slots
+  EXPECT_FALSE(whole_row_units(nvfp4_work(4096, 7168), kSms, slots, kWideWarps, 1));   // 64 rows
+  EXPECT_FALSE(whole_row_units(nvfp4_work(32768, 512), kSms, slots, kWideWarps, 1));   // 8 chunks: < 2 per warp
+  EXPECT_FALSE(whole_row_units(nvfp4_work(7168, 2048), kSms, slots, kWideWarps, 2));   // SwiGLU needs partials
+  // Two domains of half the rows each decide as one domain does.
+  EXPECT_TRUE(whole_row_units(nvfp4_work(7168, 2048, 2), kSms, slots, kWideWarps, 1));
+  EXPECT_FALSE(whole_row_units(nvfp4_work(7168, 7168, 2), kSms, slots, kWideWarps, 1));
+}
+
+TEST(StreamGemmRules, FourWarpsWhereEightFitOneCtaPerSmAndRowsNeedTwoRounds) {
+  const int one_per_sm = kSms, two_per_sm = 2 * kSms;
+  EXPECT_EQ(cta_warps(nvfp4_work(18432, 7168), one_per_sm, kSms), kNarrowWarps);  // 288 rows
+  EXPECT_EQ(cta_warps(nvfp4_work(24576, 1536), one_per_sm, kSms), kNarrowWarps);  // 384 rows
+  EXPECT_EQ(cta_warps(nvfp4_work(32768, 512), one_per_sm, kSms), kNarrowWarps);   // 512 rows
+  EXPECT_EQ(cta_warps(nvfp4_work(7168, 18432), one_per_sm, kSms), kWideWarps);    // 112 rows
+  EXPECT_EQ(cta_warps(nvfp4_work(4096, 7168), one_per_sm, kSms), kWideWarps);     // 64 rows
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{18432, 7168}, {32768, 512}, {7168, 7168}})
+    EXPECT_EQ(cta_warps(nvfp4_work(n, k), two_per_sm, kSms), kWideWarps) << n << " x " << k;
+}
+
+TEST(StreamGemmRules, StreamKCutsOneUnitPerCtaWithinTheRowBound) {
+  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps), 2 * kSms);
+  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps, 2), 4 * kSms);
+  // Any work: at least one unit, no more units than chunks, and no unit longer than
+  // (kMaxUnitRows - 1) * C + 1 chunks (so that it touches at most kMaxUnitRows rows).
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 20000; ++trial) {
+    StreamRows w;
+    w.chunks = 1 + static_cast<int64_t>(rng() % 300);
+    w.num_domains = 1 + static_cast<int>(rng() % 3);
+    for (int d = 0; d < w.num_domains; ++d) w.rows[d] = static_cast<int32_t>(1 + rng() % 700);
+    const int max_blocks = 1 + static_cast<int>(rng() % 600), warps = rng() % 2 ? kWideWarps : kNarrowWarps;
+    const int per_cta = 1 + static_cast<int>(rng() % 5);
+    for (int d = 0; d < w.num_domains; ++d) {
+      const int64_t t = w.chunks_of(d), units = stream_k_units(w, d, max_blocks, warps, per_cta);
+      ASSERT_GE(units, 1);
+      ASSERT_LE(units, t);
+      ASSERT_LE((t + units - 1) / units, (kMaxUnitRows - 1) * w.chunks + 1) << "C " << w.chunks << " T " << t;
+    }
+  }
+}
+
+TEST(StreamGemmRules, RingDepthKeepsTwoCtasPerSmWhereItCan) {
+  const int nvfp4_chunk = 4 * (512 + 64);
+  // M = 1: a stage is the chunk plus one 128-byte activation row; 10 row slots of 4 tiles.
+  EXPECT_EQ(ring_stages(nvfp4_chunk + 128, kWideWarps, 10 * 4 * 512, 4, kSmemPerSm), 4);
+  // M = 32: 32 activation rows per stage and 4 times the row slots fit two stages on one CTA.
+  EXPECT_EQ(ring_stages(nvfp4_chunk + 32 * 128, kWideWarps, 10 * 4 * 4 * 512, 4, kSmemPerSm), 2);
+}
+
+TEST(StreamGemmRules, OnlyFullGridsOverlapThePreviousKernel) {
+  EXPECT_TRUE(overlaps_previous(2 * kSms, 2 * kSms));
+  EXPECT_FALSE(overlaps_previous(112, 2 * kSms));  // whole rows of 7168 x 7168
+}
+
+}  // namespace
+}  // namespace locus::cuda::detail
