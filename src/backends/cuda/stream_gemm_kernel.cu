@@ -21,12 +21,6 @@ namespace {
 
 static_assert(kStreamRulesMaxDomains == kStreamGemmMaxDomains, "the rules see every domain");
 
-// Warps per CTA (W): 8 or 4, chosen per launch (launch_typed). Each streams 1/W of the CTA's unit.
-// NVFP4 dequantizes in registers and needs about 16 warps per SM to keep both the issue slots and
-// the copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM stream and dequantize
-// at about 3.5 TB/s, 4 at 1.5-1.7); 8-warp CTAs give that with two CTAs per SM, 4-warp CTAs with
-// four, in units half as long (less pipeline fill and reduction per unit on small problems).
-
 // Per-launch constants computed on the host.
 struct Plan {
   int32_t chunks;  // C: K chunks per row (one group-half of one batch entry of a part)
@@ -208,7 +202,7 @@ struct Format<StreamWeight::kBF16> {
       }
     }
   }
-  // Lane t of row m copies K [64c + 8t + 32q, +8) of its token for every piece q.
+  // Lane t of row m copies K [k0 + 8t + 32q, +8) of its token for every piece q.
   __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
 #pragma unroll
     for (int q = 0; q < kPieces; ++q) {
@@ -230,10 +224,9 @@ struct Format<StreamWeight::kBF16> {
   }
 };
 
-// Most pipeline stages per warp; launch_typed takes fewer where that keeps two CTAs per SM
+// Most pipeline stages per warp; launch_shape takes fewer where that keeps two CTAs per SM
 // (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
-template <StreamWeight F>
-constexpr int max_pipeline_stages() { return 4; }
+constexpr int kMaxPipelineStages = 4;
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
@@ -703,17 +696,17 @@ struct LaunchShape {
   int slot_bytes, stages, ring_bytes, smem_bytes, max_blocks;
 };
 template <StreamWeight F, int MB, int H, int W>
-LaunchShape launch_shape(int m, cudaStream_t stream) {
+LaunchShape launch_shape(int m, int sms) {
   LaunchShape ls{};
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   ls.slot_bytes = Format<F>::kWeightBytes + m * Format<F>::kXRowBytes;
   // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
   const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
   ls.stages = g_stages.load() > 0 ? g_stages.load()
-                                  : ring_stages(ls.slot_bytes, W, slots_bytes, max_pipeline_stages<F>(), shared_memory_per_sm());
+                                  : ring_stages(ls.slot_bytes, W, slots_bytes, kMaxPipelineStages, shared_memory_per_sm());
   ls.ring_bytes = ls.stages * ls.slot_bytes;
   ls.smem_bytes = W * ls.ring_bytes + slots_bytes;
-  ls.max_blocks = blocks_per_sm<F, MB, H, W>(ls.smem_bytes) * sm_count_for(stream);
+  ls.max_blocks = blocks_per_sm<F, MB, H, W>(ls.smem_bytes) * sms;
   return ls;
 }
 
@@ -742,15 +735,15 @@ StreamRows plan_rows(StreamGemmArgs& a, int64_t* groups_total, int64_t* rows_tot
   return work;
 }
 
+// Launches W-warp CTAs shaped `ls` over `sms` SMs.
 template <StreamWeight F, int MB, int H, int W>
-void launch_with(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
-                 cudaStream_t stream) {
+void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& ls, int sms, int64_t groups_total,
+                 int64_t rows_total, cudaStream_t stream) {
   constexpr int R = Format<F>::kGroupTiles;
-  const LaunchShape ls = launch_shape<F, MB, H, W>(a.m, stream);
   Plan pl{};
   pl.chunks = static_cast<int32_t>(work.chunks);
   const int forced = g_units_per_cta.load();  // < 0 whole rows, > 0 stream-K with that many per CTA
-  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sm_count_for(stream), ls.max_blocks, W, H);
+  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, ls.max_blocks, W, H);
   int64_t all_units = 0;
   pl.max_segments = 1;
   for (int d = 0; d < a.num_domains; ++d) {
@@ -791,11 +784,14 @@ template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   int64_t groups_total = 0, rows_total = 0;
   const StreamRows work = plan_rows<F, H>(a, &groups_total, &rows_total);
-  int warps = g_warps.load();
-  if (warps == 0)
-    warps = cta_warps(work, launch_shape<F, MB, H, kWideWarps>(a.m, stream).max_blocks, sm_count_for(stream));
-  if (warps == kNarrowWarps) launch_with<F, MB, H, kNarrowWarps>(a, work, groups_total, rows_total, stream);
-  else launch_with<F, MB, H, kWideWarps>(a, work, groups_total, rows_total, stream);
+  const int sms = sm_count_for(stream);
+  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms);
+  const int warps = g_warps.load() != 0 ? g_warps.load() : cta_warps(work, wide.max_blocks, sms);
+  if (warps == kNarrowWarps)
+    launch_with<F, MB, H, kNarrowWarps>(a, work, launch_shape<F, MB, H, kNarrowWarps>(a.m, sms), sms, groups_total,
+                                        rows_total, stream);
+  else
+    launch_with<F, MB, H, kWideWarps>(a, work, wide, sms, groups_total, rows_total, stream);
 }
 
 template <StreamWeight F, int H>

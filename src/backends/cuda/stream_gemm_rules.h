@@ -10,7 +10,11 @@
 namespace locus::cuda::detail {
 
 constexpr int kStreamRulesMaxDomains = 8;  // = kStreamGemmMaxDomains
-constexpr int kWideWarps = 8, kNarrowWarps = 4;  // the two CTA shapes
+// The two CTA shapes. NVFP4 dequantizes in registers and needs about 16 warps per SM to keep both
+// the issue slots and the copies busy (bench/cuda/stream_probe.cu on the H200: 16 warps per SM
+// stream and dequantize at about 3.5 TB/s, 4 at 1.5-1.7); 8-warp CTAs give that with two CTAs per
+// SM, 4-warp CTAs with four.
+constexpr int kWideWarps = 8, kNarrowWarps = 4;
 constexpr int kMaxUnitRows = 3;                  // rows one unit may touch (bounds the CTA's row slots)
 
 // A launch's work: per domain, rows of C chunks each (a row = one row group's half over all of K).
