@@ -34,6 +34,8 @@ struct Plan {
   int32_t ring_bytes;  // one warp's stages
   int32_t stages;      // its ring depth, 2..4
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
+  int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
+  int32_t counted;       // 1: some CTA takes units from the counters (which then need a reset)
 };
 
 constexpr int kDoneCounter = kStreamGemmMaxDomains;
@@ -566,8 +568,16 @@ __global__ void __launch_bounds__(W * 32)
     home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
   }
   unsigned exhausted = 0;  // (thread 0's)
+  bool first = true;
   while (true) {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && pl.static_first) {
+      // One domain: CTA b starts with unit b without an atomic (264 CTAs adding to one counter
+      // at once serialize for about a microsecond); later units come from the counter, after
+      // the first total_ctas, and only when there are more units than CTAs.
+      const unsigned u = first ? blockIdx.x : pl.counted ? atomicAdd(pl.counters, 1u) + pl.total_ctas : ~0u;
+      s_domain = u < static_cast<unsigned>(pl.units[0]) ? 0 : -1;
+      s_unit = static_cast<int>(u);
+    } else if (threadIdx.x == 0) {
       s_domain = -1;
       for (int i = 0; i < a.num_domains; ++i) {
         int d = home + i;
@@ -582,6 +592,7 @@ __global__ void __launch_bounds__(W * 32)
         exhausted |= 1u << d;
       }
     }
+    first = false;
     __syncthreads();
     const int domain = s_domain, unit = s_unit;
     if (domain < 0) break;
@@ -595,8 +606,8 @@ __global__ void __launch_bounds__(W * 32)
     __syncthreads();
     finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);
   }
-  // The last CTA out resets the unit counters for the next launch.
-  if (threadIdx.x == 0) {
+  // The last CTA out resets the unit counters for the next launch (if any were counted).
+  if (threadIdx.x == 0 && pl.counted) {
     __threadfence();
     if (atomicAdd(pl.counters + kDoneCounter, 1u) == static_cast<unsigned>(pl.total_ctas - 1)) {
       for (int d = 0; d < kStreamGemmMaxDomains; ++d) pl.counters[d] = 0;
@@ -759,6 +770,8 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   }
   const int blocks = static_cast<int>(std::min<int64_t>(ls.max_blocks, all_units));
   pl.total_ctas = blocks;
+  pl.static_first = a.num_domains == 1 ? 1 : 0;
+  pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
   Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(groups_total),
                           std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
   pl.counters = s.counters;
