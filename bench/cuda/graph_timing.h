@@ -1,0 +1,108 @@
+// Device benchmarks' shared timing helpers: CUDA-event timing of captured graphs (median of
+// replays), the device copy bandwidth, random bf16 fills. Header-only, for the bench/cuda mains.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/cuda_graph.h"
+#include "backends/cuda/cuda_ops.h"
+#include "core/float_convert.h"
+#include "core/tensor.h"
+
+namespace locus::bench {
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #x, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Median seconds per call of a graph that holds `calls` calls, over `reps` replays.
+inline double time_graph(const cuda::Graph& g, cudaStream_t s, int calls, int reps) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) g.replay(s);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a, s));
+    g.replay(s);
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3 / calls);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return median(t);
+}
+
+inline cuda::Graph capture(cudaStream_t s, const std::function<void()>& body) {
+  body();  // eager once: tactic tuning and scratch growth happen outside the capture
+  CK(cudaStreamSynchronize(s));
+  cuda::device_synchronize(0);
+  cuda::Graph g;
+  g.begin_capture(s);
+  body();
+  g.end_capture();
+  return g;
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second), 2 GiB.
+inline double copy_bandwidth(cudaStream_t s) {
+  const size_t bytes = size_t(1) << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 12; ++i) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms * 1e-3);
+  }
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / median(t);
+}
+
+// Fills a device buffer with random bf16 (normal, stddev 0.05) from a host pattern.
+inline void fill_random_bf16(const Tensor& t, std::mt19937_64& rng) {
+  static std::vector<uint16_t> pattern;
+  if (pattern.empty()) {
+    pattern.resize(size_t(8) << 20);
+    std::normal_distribution<float> d(0.f, 0.05f);
+    for (auto& v : pattern) v = f32_to_bf16_bits(d(rng));
+  }
+  const size_t n = static_cast<size_t>(t.numel());
+  auto* dst = static_cast<uint16_t*>(t.data_ptr());
+  for (size_t off = 0; off < n; off += pattern.size()) {
+    size_t len = std::min(pattern.size(), n - off);
+    size_t start = rng() % (pattern.size() - len + 1);
+    CK(cudaMemcpy(dst + off, pattern.data() + start, len * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+}  // namespace locus::bench
