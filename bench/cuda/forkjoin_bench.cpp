@@ -61,15 +61,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (split != "backfill" && split != "aligned") {
-    std::fprintf(stderr, "--split must be backfill or aligned, got '%s'\n", split.c_str());
-    return 2;
-  }
-  if (!cuda::device_available()) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
-  auto parts = cuda::create_sm_partitions(0, 2, split == "aligned" ? cuda::SplitMode::kAligned : cuda::SplitMode::kBackfill);
+  std::vector<cuda::SmPartition> parts;
+  if (const int rc = make_two_domains(split, &parts)) return rc;
   cudaStream_t s, plain[2];
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   for (auto& p : plain) CK(cudaStreamCreateWithFlags(&p, cudaStreamNonBlocking));

@@ -105,16 +105,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (split != "backfill" && split != "aligned") {
-    std::fprintf(stderr, "--split must be backfill or aligned, got '%s'\n", split.c_str());
-    return 2;
-  }
-  if (!cuda::device_available()) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
+  std::vector<cuda::SmPartition> parts;
+  if (const int rc = make_two_domains(split, &parts)) return rc;
   const auto info = cuda::query_device(0);
-  auto parts = cuda::create_sm_partitions(0, 2, split == "aligned" ? cuda::SplitMode::kAligned : cuda::SplitMode::kBackfill);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<void*> pstreams = {parts[0].stream, parts[1].stream};

@@ -1,5 +1,5 @@
 // Device benchmarks' shared timing helpers: CUDA-event timing of captured graphs (median of
-// replays), the device copy bandwidth, random bf16 fills. Header-only, for the bench/cuda mains.
+// replays), the device copy bandwidth, random bf16 fills, the two emulated domains. Header-only, for the bench/cuda mains.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -10,6 +10,9 @@
 #include <random>
 #include <vector>
 
+#include <string>
+
+#include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/float_convert.h"
@@ -103,6 +106,21 @@ inline void fill_random_bf16(const Tensor& t, std::mt19937_64& rng) {
     size_t start = rng() % (pattern.size() - len + 1);
     CK(cudaMemcpy(dst + off, pattern.data() + start, len * 2, cudaMemcpyHostToDevice));
   }
+}
+
+// The benchmarks' two emulated locality domains (green-context SM partitions, `split` backfill or
+// aligned). Returns 0 with *parts filled, else the exit code after saying why on stderr.
+inline int make_two_domains(const std::string& split, std::vector<cuda::SmPartition>* parts) {
+  if (split != "backfill" && split != "aligned") {
+    std::fprintf(stderr, "--split must be backfill or aligned, got '%s'\n", split.c_str());
+    return 2;
+  }
+  if (!cuda::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  *parts = cuda::create_sm_partitions(0, 2, split == "aligned" ? cuda::SplitMode::kAligned : cuda::SplitMode::kBackfill);
+  return 0;
 }
 
 }  // namespace locus::bench
