@@ -49,11 +49,25 @@ TEST(StreamGemmRules, FourWarpsWhereEightFitOneCtaPerSmAndRowsNeedTwoRounds) {
     EXPECT_EQ(cta_warps(nvfp4_work(n, k), two_per_sm, kSms), kWideWarps) << n << " x " << k;
 }
 
+TEST(StreamGemmRules, UnitsTouchMoreRowsOnlyWhereRowsAreShort) {
+  EXPECT_EQ(unit_rows(nvfp4_work(7168, 7168), kWideWarps), kMinUnitRows);
+  EXPECT_EQ(unit_rows(nvfp4_work(32768, 512), kWideWarps), kMinUnitRows);  // 8 chunks a row
+  // MLA's W_UK BMM (K = 128: 2 chunks a row): 16 chunks for 8 warps touch up to 9 rows.
+  EXPECT_EQ(unit_rows(nvfp4_work(512, 128), kWideWarps), 9);
+  EXPECT_EQ(unit_rows(nvfp4_work(512, 128), kNarrowWarps), 5);
+  EXPECT_EQ(unit_rows(nvfp4_work(512, 64), kWideWarps), kMaxUnitRows);  // 1 chunk a row: capped
+  // With them, the BMM's 1024 rows of 2 chunks make one unit of 2 chunks per warp per CTA slot
+  // (they were cut into 410 units of 5 chunks, 3 of 8 warps idle).
+  StreamRows bmm = nvfp4_work(128 * 512, 128);
+  EXPECT_EQ(stream_k_units(bmm, 0, kSms, kWideWarps, 1, unit_rows(bmm, kWideWarps)), 2048 / 16);
+  EXPECT_EQ(stream_k_units(bmm, 0, kSms, kWideWarps, 1, kMinUnitRows), 410);
+}
+
 TEST(StreamGemmRules, StreamKCutsOneUnitPerCtaWithinTheRowBound) {
-  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps), 2 * kSms);
-  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps, 2), 4 * kSms);
+  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps, 1, kMinUnitRows), 2 * kSms);
+  EXPECT_EQ(stream_k_units(nvfp4_work(7168, 7168), 0, 2 * kSms, kWideWarps, 2, kMinUnitRows), 4 * kSms);
   // Any work: at least one unit, no more units than chunks, and no unit longer than
-  // (kMaxUnitRows - 1) * C + 1 chunks (so that it touches at most kMaxUnitRows rows).
+  // (rows - 1) * C + 1 chunks (so that it touches at most rows = unit_rows(w, warps) rows).
   std::mt19937_64 rng(7);
   for (int trial = 0; trial < 20000; ++trial) {
     StreamRows w;
@@ -63,10 +77,13 @@ TEST(StreamGemmRules, StreamKCutsOneUnitPerCtaWithinTheRowBound) {
     const int max_blocks = 1 + static_cast<int>(rng() % 600), warps = rng() % 2 ? kWideWarps : kNarrowWarps;
     const int per_cta = 1 + static_cast<int>(rng() % 5);
     for (int d = 0; d < w.num_domains; ++d) {
-      const int64_t t = w.chunks_of(d), units = stream_k_units(w, d, max_blocks, warps, per_cta);
+      const int rows = unit_rows(w, warps);
+      ASSERT_GE(rows, kMinUnitRows);
+      ASSERT_LE(rows, kMaxUnitRows);
+      const int64_t t = w.chunks_of(d), units = stream_k_units(w, d, max_blocks, warps, per_cta, rows);
       ASSERT_GE(units, 1);
       ASSERT_LE(units, t);
-      ASSERT_LE((t + units - 1) / units, (kMaxUnitRows - 1) * w.chunks + 1) << "C " << w.chunks << " T " << t;
+      ASSERT_LE((t + units - 1) / units, (rows - 1) * w.chunks + 1) << "C " << w.chunks << " T " << t;
     }
   }
 }

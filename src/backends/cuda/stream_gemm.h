@@ -7,7 +7,8 @@
 // result never depends on where the CTAs land.
 //
 // Work decomposition. Each weight part (the whole weight, or one domain's shard; for BMM a batch
-// of per-head weights) is cut into row groups of 16-row tiles (NVFP4: 4 tiles, BF16: 1); with
+// of per-head weights) is cut into row groups of four 16-row tiles (64 rows), streamed in chunks
+// of 64 K (NVFP4 from its pre-shuffled layout, BF16 from its rows, 128 bytes of each); with
 // SwiGLU a group has two halves (its gate rows and the matching up rows). A "row" of work is one
 // group-half over the whole K, C chunks long. A unit of work is either one whole row (when the
 // rows nearly fill the resident CTA slots in one round), or an equal contiguous range of chunks of

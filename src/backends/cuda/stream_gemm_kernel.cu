@@ -112,13 +112,21 @@ struct Format<StreamWeight::kNVFP4> {
       nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
                           acc[r]);
   }
-  // Lane t of row m copies K [64c + 16t, +16) of its token: two 16-byte pieces.
-  __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
+  // Lane t of token m = 8b + lane / 4 copies K [k0 + 16t, +16) of it: two 16-byte pieces.
+  template <int MB>
+  __device__ static void issue_x(uint32_t xslot, const uint16_t* x, int64_t x_ld, int64_t k0, int64_t k, int m_count,
+                                 int lane) {
+    const int t = lane & 3;
     const int64_t kb = k0 + 16 * t;
     const bool valid = kb < k;
-    const uint16_t* src = valid ? xrow + kb : xrow;
-    cp_async16(xslot + (m * 4 + t) * 32, src, valid);
-    cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const int m = 8 * b + (lane >> 2);
+      if (m >= m_count) continue;
+      const uint16_t* src = valid ? x + m * x_ld + kb : x;
+      cp_async16(xslot + (m * 4 + t) * 32, src, valid);
+      cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
+    }
   }
   __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
   // Asks L2 for the segment's codes and scales: lane r < kGroupTiles takes the storage group of
@@ -137,92 +145,109 @@ struct Format<StreamWeight::kNVFP4> {
   }
 };
 
-// BF16: one tile x 128 K of the row-major weight: lane t's pieces are 8 K values (16 bytes) at
-// k0 + 8t + 32q, q < kPieces, of row g and of row g + 8, so that the 4 lanes of a row cover its
-// 256 contiguous bytes; the token's activations at the same K. (Copies that read whole 128-byte
-// lines per instruction instead measured the same on the H200: 42.4 us at 7168 x 7168, M = 1.)
+// BF16: 4 tiles (64 rows) x 64 K of the row-major weight per chunk, i.e. 128 contiguous bytes of
+// each row. In a stage, row r's bytes start at r * kRowBytes (16 bytes of padding after each row,
+// so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the tokens'
+// activations follow, one kRowBytes row per token. Lane l copies the 16-byte pieces (l & 1) + 2s
+// (s < 4) of the rows (l >> 1) + 16h (h < 4): one warp instruction reads a whole 32-byte sector
+// from each of 16 rows, and every copy's shared and global addresses are a per-lane base plus a
+// constant. The mma operands come from ldmatrix in the standard fragment order, so a chunk costs
+// 16 copies, 16 + 2 MB ldmatrix and 16 MB mma per warp.
 template <>
 struct Format<StreamWeight::kBF16> {
-  static constexpr int kGroupTiles = 1;
-  static constexpr int kPieces = 4;
-  static constexpr int kChunkK = 32 * kPieces;
-  static constexpr int kWeightBytes = kGroupTiles * 2 * kPieces * 512;
-  static constexpr int kXRowBytes = 2 * kChunkK;
+  static constexpr int kGroupTiles = 4;
+  static constexpr int kChunkK = 64;
+  static constexpr int kRowBytes = 2 * kChunkK + 16;
+  static constexpr int kWeightBytes = kGroupTiles * 16 * kRowBytes;
+  static constexpr int kXRowBytes = kRowBytes;
   struct Source {
-    const uint16_t* row[kGroupTiles][2];  // rows g and g + 8 of each tile, at the lane's K of chunk u.c0
-    int64_t k0;
+    const uint8_t* row[4];  // row (lane >> 1) + 16h of the group at K 0, plus the lane's piece
   };
   __device__ static Source source(const StreamGemmPart& p, int32_t, const Segment& u, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK + 8 * t;
-    const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride;
+    const auto* w = static_cast<const uint8_t*>(p.w) + u.batch * p.w_batch_stride * 2;
     Source src;
 #pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // Rows past the part's end read its last row (valid memory); their outputs are dropped.
-        const int64_t row = min((u.group * kGroupTiles + r) * 16 + g + 8 * h, p.rows - 1) + u.half * p.up_offset;
-        src.row[r][h] = w + row * p.ldw + k0;
-      }
-    src.k0 = k0;
+    for (int h = 0; h < 4; ++h) {
+      // Rows past the part's end read its last row (valid memory); their outputs are dropped.
+      const int64_t row = min(u.group * 64 + (lane >> 1) + 16 * h, p.rows - 1) + u.half * p.up_offset;
+      src.row[h] = w + row * p.ldw * 2 + (lane & 1) * 16;
+    }
     return src;
   }
-  // Stage layout: piece q of row half h of tile r at ((r * 2 + h) * kPieces + q) * 512 + lane * 16.
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
+    const uint32_t dst = slot + (lane >> 1) * kRowBytes + (lane & 1) * 16;
+    const int64_t kb = static_cast<int64_t>(j) * kChunkK;
+    if (kb + kChunkK <= k) {  // warp-uniform: the whole chunk lies inside K
 #pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      const int64_t off = static_cast<int64_t>(j) * kChunkK + 32 * q;
-      const bool valid = src.k0 + off < k;
+      for (int h = 0; h < 4; ++h) {
+        const uint8_t* from = src.row[h] + kb * 2;
 #pragma unroll
-      for (int r = 0; r < kGroupTiles; ++r)
+        for (int s = 0; s < 4; ++s) cp_async16(dst + h * 16 * kRowBytes + s * 32, from + s * 32, true);
+      }
+    } else {  // K's last chunk: pieces past K are zero-filled
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          cp_async16(slot + ((r * 2 + h) * kPieces + q) * 512 + lane * 16, valid ? src.row[r][h] + off : src.row[r][h],
-                     valid);
+      for (int h = 0; h < 4; ++h)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const bool valid = kb + ((lane & 1) + 2 * s) * 8 < k;
+          cp_async16(dst + h * 16 * kRowBytes + s * 32, valid ? src.row[h] + kb * 2 + s * 32 : src.row[h], valid);
+        }
     }
   }
-  // The landed chunk in `slot` times the activation rows m < m_count, into acc (activations read
-  // piece by piece: all 8 pieces at once would take 32 registers per 8 tokens).
+  // The landed chunk in `slot` times the activation rows m < m_count, into acc. Token rows past
+  // m_count read row m_count - 1 (their columns are dropped).
   template <int MB>
   __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
-    const int g = lane >> 2, t = lane & 3;
-    const uint32_t xslot = slot + kWeightBytes;
+    // A of k16 step q of tile r: matrices (rows 0-7, piece 2q), (rows 8-15, 2q), (0-7, 2q+1), (8-15, 2q+1).
+    const uint32_t a_at = slot + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    // B of steps 2i, 2i+1: matrices (tokens 8b..8b+7, piece 4i + n), n < 4.
+    uint32_t x_at[MB];
 #pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      uint4 xq[MB];
+    for (int b = 0; b < MB; ++b)
+      x_at[b] = slot + kWeightBytes + min(8 * b + (lane & 7), m_count - 1) * kRowBytes + (lane >> 3) * 16;
 #pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        const int m = 8 * b + g;
-        xq[b] = m < m_count ? lds128(xslot + (m * 4 + t) * (kPieces * 16) + q * 16) : make_uint4(0, 0, 0, 0);
-      }
+    for (int i = 0; i < 2; ++i) {
+      uint32_t xb[MB][4];
 #pragma unroll
-      for (int r = 0; r < kGroupTiles; ++r) {
-        const uint4 lo = lds128(slot + ((r * 2) * kPieces + q) * 512 + lane * 16);
-        const uint4 hi = lds128(slot + ((r * 2 + 1) * kPieces + q) * 512 + lane * 16);
-        bf16_chunk_mma<MB>(lo, hi, xq, acc[r]);
-      }
+      for (int b = 0; b < MB; ++b) ldmatrix_x4(x_at[b] + i * 64, xb[b]);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int r = 0; r < kGroupTiles; ++r) {
+          uint32_t w4[4];
+          ldmatrix_x4(a_at + r * 16 * kRowBytes + (2 * i + n) * 32, w4);
+#pragma unroll
+          for (int b = 0; b < MB; ++b)
+            mma_bf16_16816(acc[r][b], w4[0], w4[1], w4[2], w4[3], xb[b][2 * n], xb[b][2 * n + 1]);
+        }
     }
   }
-  // Lane t of row m copies K [k0 + 8t + 32q, +8) of its token for every piece q.
-  __device__ static void issue_x(uint32_t xslot, const uint16_t* xrow, int64_t k0, int64_t k, int m, int t) {
+  // Lane l copies piece l & 7 (16 bytes) of the chunk's K for the tokens (l >> 3) + 4i.
+  template <int MB>
+  __device__ static void issue_x(uint32_t xslot, const uint16_t* x, int64_t x_ld, int64_t k0, int64_t k, int m_count,
+                                 int lane) {
+    const int piece = lane & 7;
+    const int64_t kb = k0 + piece * 8;
+    const bool valid = kb < k;
 #pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      const int64_t kb = k0 + 32 * q + 8 * t;
-      const bool valid = kb < k;
-      cp_async16(xslot + (m * 4 + t) * (kPieces * 16) + 16 * q, valid ? xrow + kb : xrow, valid);
+    for (int i = 0; i < 2 * MB; ++i) {
+      if (4 * i >= m_count) break;  // warp-uniform
+      const int m = (lane >> 3) + 4 * i;
+      if (m < m_count) cp_async16(xslot + m * kRowBytes + piece * 16, valid ? x + m * x_ld + kb : x, valid);
     }
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
-  // Asks L2 for the segment's weights: lane i < 16 for row i of the tile (K range clipped to K).
+  // Asks L2 for the segment's weights: lane l for rows l and l + 32 of the group (K range clipped to K).
   __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t, int64_t k, const Segment& u, int lane) {
     const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK, k1 = min(k, k0 + static_cast<int64_t>(u.n) * kChunkK);
-    if (lane < 16 && k1 > k0) {
-      const int64_t row = min(u.group * 16 + lane, p.rows - 1) + u.half * p.up_offset;
+    if (k1 <= k0) return 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min(u.group * 64 + lane + 32 * h, p.rows - 1) + u.half * p.up_offset;
       const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride + row * p.ldw + k0;
       prefetch_l2_bulk(w, static_cast<uint32_t>((k1 - k0) * 2));
     }
-    return (k1 - k0) * 2 * 16;
+    return (k1 - k0) * 2 * 64;
   }
 };
 
@@ -323,7 +348,6 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   using Fmt = Format<F>;
   const int stages = pl.stages;
   constexpr int R = Fmt::kGroupTiles;
-  const int g = lane >> 2, t = lane & 3;
   const int64_t c = pl.chunks;
   const int n = static_cast<int>(we - wb);
   // The issue cursor (chunks are issued in order): the row being copied, its next chunk, and the
@@ -350,12 +374,8 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
       const uint32_t slot = ring + issue_stage * pl.slot_bytes;
       if (++issue_stage == stages) issue_stage = 0;
       Fmt::issue_weights(slot, src, issue_chunk, a.k, lane);
-      const int64_t k0 = static_cast<int64_t>(issue_chunk) * Fmt::kChunkK;
-#pragma unroll
-      for (int b = 0; b < MB; ++b) {
-        const int m = 8 * b + g;
-        if (m < a.m) Fmt::issue_x(slot + Fmt::kWeightBytes, x + m * a.x_ld, k0, a.k, m, t);
-      }
+      Fmt::template issue_x<MB>(slot + Fmt::kWeightBytes, x, a.x_ld, static_cast<int64_t>(issue_chunk) * Fmt::kChunkK,
+                                a.k, a.m, lane);
       ++issue_chunk;
     }
     cp_async_commit();
@@ -411,7 +431,7 @@ __device__ __forceinline__ void add4(float (&v)[4], const float4& q) {
 }
 
 // The end of a unit, after its warps have streamed: for each of its row segments (at most
-// kMaxUnitRows) and each tile of the row group, a warp adds the sums of the warps that touched
+// unit_rows) and each tile of the row group, a warp adds the sums of the warps that touched
 // the row, in warp order, and writes the outputs directly when the segment is the whole row (no
 // SwiGLU), else stores a partial; then one arrival per row group counts the partials, and the
 // group's last segment adds them in segment order (deterministic either way). The rows proceed
@@ -667,11 +687,13 @@ std::atomic<int> g_warps{0};
 std::atomic<int> g_stages{0};
 std::atomic<bool> g_dependent_launch{true};
 
-// Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached).
+// Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached); 0
+// when one CTA does not fit.
 template <StreamWeight F, int MB, int H, int W>
 int blocks_per_sm(int smem_bytes) {
   static std::mutex mu;
   static std::map<int, int> cache;
+  static int max_dynamic = 0;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(smem_bytes);
   if (it != cache.end()) return it->second;
@@ -682,12 +704,12 @@ int blocks_per_sm(int smem_bytes) {
     LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
     LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
-    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          optin - static_cast<int>(attr.sharedSizeBytes)));
+    max_dynamic = optin - static_cast<int>(attr.sharedSizeBytes);
+    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
   }
   int n = 0;
-  LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, W * 32, smem_bytes));
-  LOCUS_CHECK(n >= 1, "streaming GEMM: ", smem_bytes, " bytes of shared memory per CTA do not fit an SM");
+  if (smem_bytes <= max_dynamic)
+    LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, W * 32, smem_bytes));
   cache[smem_bytes] = n;
   return n;
 }
@@ -705,14 +727,16 @@ int shared_memory_per_sm() {
 // Shared memory and residency of one kernel instantiation at M activation rows.
 struct LaunchShape {
   int slot_bytes, stages, ring_bytes, smem_bytes, max_blocks;
+  int unit_rows;  // rows one unit may touch
 };
 template <StreamWeight F, int MB, int H, int W>
-LaunchShape launch_shape(int m, int sms) {
+LaunchShape launch_shape(int m, int sms, int unit_rows) {
   LaunchShape ls{};
+  ls.unit_rows = unit_rows;
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   ls.slot_bytes = Format<F>::kWeightBytes + m * Format<F>::kXRowBytes;
-  // The W rings, then the row slots: W + kMaxUnitRows - 1 of R tiles x MB x 32 lanes x float4.
-  const int slots_bytes = (W + kMaxUnitRows - 1) * Format<F>::kGroupTiles * MB * 512;
+  // The W rings, then the row slots: W + unit_rows - 1 of R tiles x MB x 32 lanes x float4.
+  const int slots_bytes = (W + unit_rows - 1) * Format<F>::kGroupTiles * MB * 512;
   ls.stages = g_stages.load() > 0 ? g_stages.load()
                                   : ring_stages(ls.slot_bytes, W, slots_bytes, kMaxPipelineStages, shared_memory_per_sm());
   ls.ring_bytes = ls.stages * ls.slot_bytes;
@@ -751,6 +775,8 @@ template <StreamWeight F, int MB, int H, int W>
 void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& ls, int sms, int64_t groups_total,
                  int64_t rows_total, cudaStream_t stream) {
   constexpr int R = Format<F>::kGroupTiles;
+  LOCUS_CHECK(ls.max_blocks >= 1, "streaming GEMM: ", ls.smem_bytes, " bytes of shared memory per ", W,
+              "-warp CTA do not fit an SM");
   Plan pl{};
   pl.chunks = static_cast<int32_t>(work.chunks);
   const int forced = g_units_per_cta.load();  // < 0 whole rows, > 0 stream-K with that many per CTA
@@ -761,7 +787,8 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
     pl.rows[d] = work.rows[d];
     const int64_t t = work.chunks_of(d);
     if (t == 0) continue;
-    const int64_t units = rows_whole ? work.rows[d] : stream_k_units(work, d, ls.max_blocks, W, std::max(forced, 1));
+    const int64_t units =
+        rows_whole ? work.rows[d] : stream_k_units(work, d, ls.max_blocks, W, std::max(forced, 1), ls.unit_rows);
     pl.units[d] = static_cast<int32_t>(units);
     all_units += units;
     // Units are at least floor(T / U) chunks long, so a row of C chunks meets at most
@@ -798,11 +825,14 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   int64_t groups_total = 0, rows_total = 0;
   const StreamRows work = plan_rows<F, H>(a, &groups_total, &rows_total);
   const int sms = sm_count_for(stream);
-  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms);
-  const int warps = g_warps.load() != 0 ? g_warps.load() : cta_warps(work, wide.max_blocks, sms);
+  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps));
+  // 8 warps may not fit at all (BF16 at M = 17..32: the rings and row slots exceed an SM).
+  const int warps = g_warps.load() != 0 ? g_warps.load()
+                    : wide.max_blocks == 0 ? kNarrowWarps
+                                           : cta_warps(work, wide.max_blocks, sms);
   if (warps == kNarrowWarps)
-    launch_with<F, MB, H, kNarrowWarps>(a, work, launch_shape<F, MB, H, kNarrowWarps>(a.m, sms), sms, groups_total,
-                                        rows_total, stream);
+    launch_with<F, MB, H, kNarrowWarps>(a, work, launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps)),
+                                        sms, groups_total, rows_total, stream);
   else
     launch_with<F, MB, H, kWideWarps>(a, work, wide, sms, groups_total, rows_total, stream);
 }

@@ -15,7 +15,8 @@ constexpr int kStreamRulesMaxDomains = 8;  // = kStreamGemmMaxDomains
 // stream and dequantize at about 3.5 TB/s, 4 at 1.5-1.7); 8-warp CTAs give that with two CTAs per
 // SM, 4-warp CTAs with four.
 constexpr int kWideWarps = 8, kNarrowWarps = 4;
-constexpr int kMaxUnitRows = 3;                  // rows one unit may touch (bounds the CTA's row slots)
+constexpr int kMinUnitRows = 3;   // rows a unit may always touch (the CTA's row slots: W + this - 1)
+constexpr int kMaxUnitRows = 12;  // where rows are short, up to this many (unit_rows)
 
 // A launch's work: per domain, rows of C chunks each (a row = one row group's half over all of K).
 struct StreamRows {
@@ -32,14 +33,23 @@ struct StreamRows {
   int64_t share(int d, int64_t n) const { return std::max<int64_t>(1, n * chunks_of(d) / chunks_total()); }
 };
 
+// How many rows one unit may touch: kMinUnitRows, or where rows are short (K of a few chunks, as
+// in MLA's per-head BMMs) enough rows for a unit of two chunks per warp (a range of L chunks
+// touches at most ceil((L - 1) / C) + 1 rows), up to kMaxUnitRows. Sizes the CTA's row slots.
+inline int unit_rows(const StreamRows& w, int warps) {
+  const int64_t c = std::max<int64_t>(1, w.chunks);
+  const int64_t rows = (2 * warps - 1 + c - 1) / c + 1;
+  return static_cast<int>(std::clamp<int64_t>(rows, kMinUnitRows, kMaxUnitRows));
+}
+
 // Stream-K: a domain's T = rows * C chunks cut into units of equal length, about `per_cta` per
 // resident CTA over all domains (in proportion to their work), each at least two chunks per warp
 // where that leaves units to spare (so a warp's pipeline has something to overlap), and short
-// enough to touch at most kMaxUnitRows rows (L <= (kMaxUnitRows - 1) * C + 1).
-inline int64_t stream_k_units(const StreamRows& w, int d, int max_blocks, int warps, int per_cta = 1) {
+// enough to touch at most `rows` rows (L <= (rows - 1) * C + 1; rows = unit_rows(w, warps)).
+inline int64_t stream_k_units(const StreamRows& w, int d, int max_blocks, int warps, int per_cta, int rows) {
   const int64_t t = w.chunks_of(d), total = w.chunks_total();
   const int64_t want = (static_cast<int64_t>(max_blocks) * per_cta * t + total / 2) / total;
-  const int64_t max_len = static_cast<int64_t>(kMaxUnitRows - 1) * w.chunks + 1;
+  const int64_t max_len = static_cast<int64_t>(rows - 1) * w.chunks + 1;
   const int64_t units = std::min<int64_t>(want, t / (2 * warps));
   return std::clamp<int64_t>(std::max<int64_t>(units, (t + max_len - 1) / max_len), 1, t);
 }
