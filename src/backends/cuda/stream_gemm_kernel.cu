@@ -148,10 +148,8 @@ struct Format<StreamWeight::kNVFP4> {
 // BF16: 4 tiles (64 rows) x 64 K of the row-major weight per chunk, i.e. 128 contiguous bytes of
 // each row. In a stage, row r's bytes start at r * kRowBytes (16 bytes of padding after each row,
 // so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the tokens'
-// activations follow, one kRowBytes row per token. Lane l copies the 16-byte pieces (l & 1) + 2s
-// (s < 4) of the rows (l >> 1) + 16h (h < 4): one warp instruction reads a whole 32-byte sector
-// from each of 16 rows, and every copy's shared and global addresses are a per-lane base plus a
-// constant. The mma operands come from ldmatrix in the standard fragment order, so a chunk costs
+// activations follow, one kRowBytes row per token. A warp copy instruction reads 4 whole rows of
+// the chunk (128-byte lines), its shared addresses a per-lane base plus a constant. The mma operands come from ldmatrix in the standard fragment order, so a chunk costs
 // 16 copies, 16 + 2 MB ldmatrix and 16 MB mma per warp.
 template <>
 struct Format<StreamWeight::kBF16> {
@@ -161,37 +159,40 @@ struct Format<StreamWeight::kBF16> {
   static constexpr int kWeightBytes = kGroupTiles * 16 * kRowBytes;
   static constexpr int kXRowBytes = kRowBytes;
   struct Source {
-    const uint8_t* row[4];  // row (lane >> 1) + 16h of the group at K 0, plus the lane's piece
+    const uint8_t* w;    // the batch entry's weight
+    const uint8_t* at;   // row (lane >> 3) of the group at K 0, plus the lane's piece (lane & 7)
+    int64_t row_bytes;   // the weight's row stride in bytes
+    int64_t up;          // the half's first row (SwiGLU up rows)
+    int32_t row0, rows;  // the group's first row, the part's rows
   };
   __device__ static Source source(const StreamGemmPart& p, int32_t, const Segment& u, int lane) {
-    const auto* w = static_cast<const uint8_t*>(p.w) + u.batch * p.w_batch_stride * 2;
     Source src;
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      // Rows past the part's end read its last row (valid memory); their outputs are dropped.
-      const int64_t row = min(u.group * 64 + (lane >> 1) + 16 * h, p.rows - 1) + u.half * p.up_offset;
-      src.row[h] = w + row * p.ldw * 2 + (lane & 1) * 16;
-    }
+    src.w = static_cast<const uint8_t*>(p.w) + u.batch * p.w_batch_stride * 2;
+    src.row_bytes = p.ldw * 2;
+    src.up = u.half * p.up_offset;
+    src.row0 = u.group * 64;
+    src.rows = p.rows;
+    src.at = src.w + (min(src.row0 + (lane >> 3), p.rows - 1) + src.up) * src.row_bytes + (lane & 7) * 16;
     return src;
   }
+  // Instruction i copies rows 4i..4i+3 of the group: lane l the piece l & 7 of row 4i + (l >> 3),
+  // so that each instruction reads 4 whole 128-byte lines.
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
-    const uint32_t dst = slot + (lane >> 1) * kRowBytes + (lane & 1) * 16;
+    const uint32_t dst = slot + (lane >> 3) * kRowBytes + (lane & 7) * 16;
     const int64_t kb = static_cast<int64_t>(j) * kChunkK;
-    if (kb + kChunkK <= k) {  // warp-uniform: the whole chunk lies inside K
+    if (kb + kChunkK <= k && src.row0 + 64 <= src.rows) {  // warp-uniform: no K tail, no missing rows
+      const uint8_t* from = src.at + kb * 2;
+      const int64_t step = 4 * src.row_bytes;
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        const uint8_t* from = src.row[h] + kb * 2;
+      for (int i = 0; i < 16; ++i) cp_async16(dst + i * 4 * kRowBytes, from + i * step, true);
+    } else {  // rows past the part's end read its last row; pieces past K are zero-filled
+      const bool valid = kb + (lane & 7) * 8 < k;
 #pragma unroll
-        for (int s = 0; s < 4; ++s) cp_async16(dst + h * 16 * kRowBytes + s * 32, from + s * 32, true);
+      for (int i = 0; i < 16; ++i) {
+        const int64_t row = min(src.row0 + (lane >> 3) + 4 * i, src.rows - 1) + src.up;
+        const uint8_t* from = src.w + row * src.row_bytes + (lane & 7) * 16;
+        cp_async16(dst + i * 4 * kRowBytes, valid ? from + kb * 2 : from, valid);
       }
-    } else {  // K's last chunk: pieces past K are zero-filled
-#pragma unroll
-      for (int h = 0; h < 4; ++h)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const bool valid = kb + ((lane & 1) + 2 * s) * 8 < k;
-          cp_async16(dst + h * 16 * kRowBytes + s * 32, valid ? src.row[h] + kb * 2 + s * 32 : src.row[h], valid);
-        }
     }
   }
   // The landed chunk in `slot` times the activation rows m < m_count, into acc. Token rows past
