@@ -28,9 +28,9 @@ int env_int(const char* name, int fallback) {
 }
 
 // Largest M the BF16 streaming kernel takes instead of cuBLASLt (LOCUS_STREAM_GEMM_BF16_MAX_M).
-// 0 by default: on the H200 (2026-12-02, docs/benchmarks.md) it streams BF16 weights at about
-// 2 TB/s against cuBLASLt's 3.5, so cuBLASLt (and, partitioned, a fork/join of cuBLASLt calls)
-// stays faster until it is tuned further.
+// 0 by default: on the H200 (2026-12-03, docs/benchmarks.md) it takes 1.1-3x cuBLASLt's time at
+// M <= 16, and its single-launch partitioned form does not beat a fork/join of cuBLASLt calls, so
+// cuBLASLt (partitioned: the fork/join) stays the default until the kernel is faster.
 int bf16_max_m() {
   static const int m = env_int("LOCUS_STREAM_GEMM_BF16_MAX_M", 0);
   return m;
