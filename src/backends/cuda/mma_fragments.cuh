@@ -77,17 +77,4 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, co
   }
 }
 
-// One 16 x 32 BF16 chunk: the lane holds 8 consecutive K values of row g (`lo`) and of row g + 8
-// (`hi`), at the same K as its token's 8 activations xv[b]; K pairs (0,1),(2,3) are the first
-// k16 step's low/high halves, (4,5),(6,7) the second's.
-template <int MB>
-__device__ __forceinline__ void bf16_chunk_mma(const uint4& lo, const uint4& hi, const uint4 (&xv)[MB],
-                                               float (&acc)[MB][4]) {
-#pragma unroll
-  for (int b = 0; b < MB; ++b) {
-    mma_bf16_16816(acc[b], lo.x, hi.x, lo.y, hi.y, xv[b].x, xv[b].y);
-    mma_bf16_16816(acc[b], lo.z, hi.z, lo.w, hi.w, xv[b].z, xv[b].w);
-  }
-}
-
 }  // namespace locus::cuda::detail

@@ -149,8 +149,9 @@ struct Format<StreamWeight::kNVFP4> {
 // each row. In a stage, row r's bytes start at r * kRowBytes (16 bytes of padding after each row,
 // so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the tokens'
 // activations follow, one kRowBytes row per token. A warp copy instruction reads 4 whole rows of
-// the chunk (128-byte lines), its shared addresses a per-lane base plus a constant. The mma operands come from ldmatrix in the standard fragment order, so a chunk costs
-// 16 copies, 16 + 2 MB ldmatrix and 16 MB mma per warp.
+// the chunk (128-byte lines), its shared addresses a per-lane base plus a constant. The mma
+// operands come from ldmatrix in the standard fragment order, so a chunk costs 16 copies,
+// 16 + 2 MB ldmatrix and 16 MB mma per warp.
 template <>
 struct Format<StreamWeight::kBF16> {
   static constexpr int kGroupTiles = 4;
@@ -831,11 +832,12 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
   const int warps = g_warps.load() != 0 ? g_warps.load()
                     : wide.max_blocks == 0 ? kNarrowWarps
                                            : cta_warps(work, wide.max_blocks, sms);
-  if (warps == kNarrowWarps)
-    launch_with<F, MB, H, kNarrowWarps>(a, work, launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps)),
-                                        sms, groups_total, rows_total, stream);
-  else
+  if (warps == kNarrowWarps) {
+    const LaunchShape narrow = launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps));
+    launch_with<F, MB, H, kNarrowWarps>(a, work, narrow, sms, groups_total, rows_total, stream);
+  } else {
     launch_with<F, MB, H, kWideWarps>(a, work, wide, sms, groups_total, rows_total, stream);
+  }
 }
 
 template <StreamWeight F, int H>
