@@ -146,19 +146,24 @@ struct Format<StreamWeight::kNVFP4> {
 };
 
 // BF16: 4 tiles (64 rows) x 64 K of the row-major weight per chunk, i.e. 128 contiguous bytes of
-// each row. In a stage, row r's bytes start at r * kRowBytes (16 bytes of padding after each row,
-// so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the tokens'
-// activations follow, one kRowBytes row per token. A warp copy instruction reads 4 whole rows of
-// the chunk (128-byte lines), its shared addresses a per-lane base plus a constant. The mma
-// operands come from ldmatrix in the standard fragment order, so a chunk costs 16 copies,
-// 16 + 2 MB ldmatrix and 16 MB mma per warp.
+// each row. In a stage, row r's 16-byte piece p sits at r * 128 + (p ^ (r & 7)) * 16 (an XOR
+// swizzle, so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the
+// tokens' activations follow, one 128-byte row per token, swizzled the same way. A warp copy
+// instruction reads 4 whole rows of the chunk (128-byte lines). The mma operands come from
+// ldmatrix in the standard fragment order, so a chunk costs 16 copies, 16 + 2 MB ldmatrix and
+// 16 MB mma per warp.
 template <>
 struct Format<StreamWeight::kBF16> {
   static constexpr int kGroupTiles = 4;
   static constexpr int kChunkK = 64;
-  static constexpr int kRowBytes = 2 * kChunkK + 16;
+  static constexpr int kRowBytes = 2 * kChunkK;
   static constexpr int kWeightBytes = kGroupTiles * 16 * kRowBytes;
   static constexpr int kXRowBytes = kRowBytes;
+  // Where piece `piece` of row (or token) `row` of a stage lies.
+  __device__ static uint32_t swizzled(int row, int piece) { return row * kRowBytes + ((piece ^ (row & 7)) << 4); }
+  // Copy instruction i writes rows 4i..4i+3, lane l piece l & 7 of row 4i + (l >> 3): at
+  // i * 512 + base(i & 1) (row & 7 is (l >> 3) + 4 (i & 1)).
+  __device__ static uint32_t copy_base(int lane, int odd) { return swizzled((lane >> 3) + 4 * odd, lane & 7) - odd * 4 * kRowBytes; }
   struct Source {
     const uint8_t* w;    // the batch entry's weight
     const uint8_t* at;   // row (lane >> 3) of the group at K 0, plus the lane's piece (lane & 7)
@@ -179,20 +184,20 @@ struct Format<StreamWeight::kBF16> {
   // Instruction i copies rows 4i..4i+3 of the group: lane l the piece l & 7 of row 4i + (l >> 3),
   // so that each instruction reads 4 whole 128-byte lines.
   __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
-    const uint32_t dst = slot + (lane >> 3) * kRowBytes + (lane & 7) * 16;
+    const uint32_t dst[2] = {slot + copy_base(lane, 0), slot + copy_base(lane, 1)};
     const int64_t kb = static_cast<int64_t>(j) * kChunkK;
     if (kb + kChunkK <= k && src.row0 + 64 <= src.rows) {  // warp-uniform: no K tail, no missing rows
       const uint8_t* from = src.at + kb * 2;
       const int64_t step = 4 * src.row_bytes;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) cp_async16(dst + i * 4 * kRowBytes, from + i * step, true);
+      for (int i = 0; i < 16; ++i) cp_async16(dst[i & 1] + i * 4 * kRowBytes, from + i * step, true);
     } else {  // rows past the part's end read its last row; pieces past K are zero-filled
       const bool valid = kb + (lane & 7) * 8 < k;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         const int64_t row = min(src.row0 + (lane >> 3) + 4 * i, src.rows - 1) + src.up;
         const uint8_t* from = src.w + row * src.row_bytes + (lane & 7) * 16;
-        cp_async16(dst + i * 4 * kRowBytes, valid ? from + kb * 2 : from, valid);
+        cp_async16(dst[i & 1] + i * 4 * kRowBytes, valid ? from + kb * 2 : from, valid);
       }
     }
   }
@@ -201,23 +206,27 @@ struct Format<StreamWeight::kBF16> {
   template <int MB>
   __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
     // A of k16 step q of tile r: matrices (rows 0-7, piece 2q), (rows 8-15, 2q), (0-7, 2q+1), (8-15, 2q+1).
-    const uint32_t a_at = slot + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRowBytes + (lane >> 4) * 16;
+    uint32_t a_at[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a_at[q] = slot + swizzled((lane & 7) + ((lane >> 3) & 1) * 8, 2 * q + (lane >> 4));
     // B of steps 2i, 2i+1: matrices (tokens 8b..8b+7, piece 4i + n), n < 4.
-    uint32_t x_at[MB];
+    uint32_t x_at[MB][2];
 #pragma unroll
     for (int b = 0; b < MB; ++b)
-      x_at[b] = slot + kWeightBytes + min(8 * b + (lane & 7), m_count - 1) * kRowBytes + (lane >> 3) * 16;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        x_at[b][i] = slot + kWeightBytes + swizzled(min(8 * b + (lane & 7), m_count - 1), 4 * i + (lane >> 3));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       uint32_t xb[MB][4];
 #pragma unroll
-      for (int b = 0; b < MB; ++b) ldmatrix_x4(x_at[b] + i * 64, xb[b]);
+      for (int b = 0; b < MB; ++b) ldmatrix_x4(x_at[b][i], xb[b]);
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int r = 0; r < kGroupTiles; ++r) {
           uint32_t w4[4];
-          ldmatrix_x4(a_at + r * 16 * kRowBytes + (2 * i + n) * 32, w4);
+          ldmatrix_x4(a_at[2 * i + n] + r * 16 * kRowBytes, w4);
 #pragma unroll
           for (int b = 0; b < MB; ++b)
             mma_bf16_16816(acc[r][b], w4[0], w4[1], w4[2], w4[3], xb[b][2 * n], xb[b][2 * n + 1]);
@@ -231,11 +240,12 @@ struct Format<StreamWeight::kBF16> {
     const int piece = lane & 7;
     const int64_t kb = k0 + piece * 8;
     const bool valid = kb < k;
+    const uint32_t dst[2] = {xslot + copy_base(lane, 0), xslot + copy_base(lane, 1)};
 #pragma unroll
     for (int i = 0; i < 2 * MB; ++i) {
       if (4 * i >= m_count) break;  // warp-uniform
       const int m = (lane >> 3) + 4 * i;
-      if (m < m_count) cp_async16(xslot + m * kRowBytes + piece * 16, valid ? x + m * x_ld + kb : x, valid);
+      if (m < m_count) cp_async16(dst[i & 1] + i * 4 * kRowBytes, valid ? x + m * x_ld + kb : x, valid);
     }
   }
   __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
