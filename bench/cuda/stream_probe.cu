@@ -17,6 +17,7 @@
 
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/mma_fragments.cuh"
+#include "bulk_copy.cuh"
 
 using namespace locus::cuda::detail;
 
@@ -32,22 +33,6 @@ using namespace locus::cuda::detail;
 namespace {
 
 constexpr int kChunkBytes = 2304;  // one NVFP4 row group chunk: 4 tiles x 512 codes + 4 x 64 scales
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{ .reg .pred p; WAIT_%=: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1; @!p bra WAIT_%=; }" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
 
 // The word encoding before 2026-12-03 (value j of pair p at bits 4p..4p+3, +16 for odd j), to
 // time the kernel's dequantization against the current one (nvfp4_layout.h).
