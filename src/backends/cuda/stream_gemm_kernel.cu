@@ -27,7 +27,7 @@ struct Plan {
   int32_t rows[kStreamGemmMaxDomains];   // rows per domain (its parts' rows end to end)
   int32_t units[kStreamGemmMaxDomains];  // units per domain: equal cuts of its rows * C chunks
   int32_t max_segments;                  // partial slots per row (units that can touch one row)
-  unsigned* counters;  // [kStreamGemmMaxDomains unit counters][done][row-group counters...]
+  unsigned* counters;  // [kStreamGemmMaxDomains unit counters][row-group counters...], all 0 between launches
   float4* partials;    // [row slot][segment][tile of the group][MB][32 lanes]
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
@@ -35,11 +35,10 @@ struct Plan {
   int32_t stages;      // its ring depth, 2..4
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
-  int32_t counted;       // 1: some CTA takes units from the counters (which then need a reset)
+  int32_t counted;       // 1: CTAs take units from the counters
 };
 
-constexpr int kDoneCounter = kStreamGemmMaxDomains;
-constexpr int kTileCounters = kStreamGemmMaxDomains + 1;
+constexpr int kTileCounters = kStreamGemmMaxDomains;
 
 // One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
 // (gate or up) of one batch entry of one part; segment s of the row's `segments`.
@@ -576,6 +575,47 @@ __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, con
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
+// Thread 0's source of units: each domain's counter hands out the domain's units in order (after
+// the first total_ctas when they were taken statically). A CTA stops once every domain has
+// refused it, so in a launch each counter is added to exactly (the units it hands out) +
+// total_ctas times, and whoever makes that last addition resets the counter for the next launch:
+// no count of departing CTAs at the end.
+struct UnitQueue {
+  const Plan& pl;
+  int num_domains, home;
+  unsigned refused = 0;  // bit d: domain d has refused this CTA
+  // The first domain, own first, that has not refused this CTA; -1 when none is left.
+  __device__ int next_domain() const {
+    for (int i = 0; i < num_domains; ++i) {
+      const int d = home + i < num_domains ? home + i : home + i - num_domains;
+      if (!((refused >> d) & 1u)) return d;
+    }
+    return -1;
+  }
+  // Takes the counter value `v` that domain d's counter returned: the unit, or its refusal.
+  __device__ bool accept(int d, unsigned v, int* unit) {
+    const unsigned statically = pl.static_first ? static_cast<unsigned>(pl.total_ctas) : 0u;
+    const unsigned handed = static_cast<unsigned>(pl.units[d]) - statically;
+    if (v == handed + static_cast<unsigned>(pl.total_ctas) - 1u) pl.counters[d] = 0;  // the launch's last addition
+    if (v < handed) {
+      *unit = static_cast<int>(v + statically);
+      return true;
+    }
+    refused |= 1u << d;
+    return false;
+  }
+  // Asks the domains in order until one hands out a unit; domain -1 when none does.
+  __device__ void take(int* domain, int* unit) {
+    *domain = -1;
+    if (!pl.counted) return;
+    for (int d; (d = next_domain()) >= 0;)
+      if (accept(d, atomicAdd(pl.counters + d, 1u), unit)) {
+        *domain = d;
+        return;
+      }
+  }
+};
+
 // Each CTA takes one unit at a time (own domain first, then the others'): its warps stream the
 // unit's chunks, then finish_unit writes its rows' outputs or partials.
 template <StreamWeight F, int MB, int H, int W>
@@ -599,32 +639,15 @@ __global__ void __launch_bounds__(W * 32)
     const uint8_t d = smid < 1024 ? a.sm_domain[smid] : kNoDomain;
     home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
   }
-  unsigned exhausted = 0;  // (thread 0's)
-  bool first = true;
+  UnitQueue q{pl, a.num_domains, home};
+  if (threadIdx.x == 0) {
+    // One domain: CTA b starts with unit b without an atomic (264 CTAs adding to one counter at
+    // once serialize for about a microsecond); there are never fewer units than CTAs.
+    s_domain = pl.static_first ? 0 : -1;
+    s_unit = blockIdx.x;
+    if (!pl.static_first) q.take(&s_domain, &s_unit);
+  }
   while (true) {
-    if (threadIdx.x == 0 && pl.static_first) {
-      // One domain: CTA b starts with unit b without an atomic (264 CTAs adding to one counter
-      // at once serialize for about a microsecond); later units come from the counter, after
-      // the first total_ctas, and only when there are more units than CTAs.
-      const unsigned u = first ? blockIdx.x : pl.counted ? atomicAdd(pl.counters, 1u) + pl.total_ctas : ~0u;
-      s_domain = u < static_cast<unsigned>(pl.units[0]) ? 0 : -1;
-      s_unit = static_cast<int>(u);
-    } else if (threadIdx.x == 0) {
-      s_domain = -1;
-      for (int i = 0; i < a.num_domains; ++i) {
-        int d = home + i;
-        if (d >= a.num_domains) d -= a.num_domains;
-        if ((exhausted >> d) & 1u) continue;
-        const unsigned u = atomicAdd(pl.counters + d, 1u);
-        if (u < static_cast<unsigned>(pl.units[d])) {
-          s_domain = d;
-          s_unit = static_cast<int>(u);
-          break;
-        }
-        exhausted |= 1u << d;
-      }
-    }
-    first = false;
     __syncthreads();
     const int domain = s_domain, unit = s_unit;
     if (domain < 0) break;
@@ -636,15 +659,15 @@ __global__ void __launch_bounds__(W * 32)
     const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
     if (we > wb) warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane);
     __syncthreads();
-    finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);
-  }
-  // The last CTA out resets the unit counters for the next launch (if any were counted).
-  if (threadIdx.x == 0 && pl.counted) {
-    __threadfence();
-    if (atomicAdd(pl.counters + kDoneCounter, 1u) == static_cast<unsigned>(pl.total_ctas - 1)) {
-      for (int d = 0; d < kStreamGemmMaxDomains; ++d) pl.counters[d] = 0;
-      pl.counters[kDoneCounter] = 0;
-      __threadfence();
+    // Thread 0 asks for its next unit now, so that the round trip overlaps the unit's end.
+    int ahead = -1;
+    unsigned got = 0;
+    if (threadIdx.x == 0 && pl.counted && (ahead = q.next_domain()) >= 0) got = atomicAdd(pl.counters + ahead, 1u);
+    finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);  // ends with a barrier
+    if (threadIdx.x == 0) {
+      s_domain = -1;
+      if (ahead >= 0 && q.accept(ahead, got, &s_unit)) s_domain = ahead;
+      else q.take(&s_domain, &s_unit);
     }
   }
 }
