@@ -16,18 +16,10 @@
 
 #include "backends/cuda/cp_async.cuh"
 #include "bulk_copy.cuh"
+#include "probe_timing.h"
 #include <cudaTypedefs.h>
 
 using namespace locus::cuda::detail;
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 
@@ -133,26 +125,12 @@ float time_launches(const std::vector<uint8_t*>& copies, int copy, int64_t n, in
   std::vector<CUtensorMap> maps(copies.size());
   if (copy == kTensor2d)
     for (size_t i = 0; i < copies.size(); ++i) maps[i] = tensor_map(copies[i], n, k, rows_per_chunk, kStageBytes / rows_per_chunk);
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int rep = 0; rep < 15; ++rep) {
-    CHECK(cudaEventRecord(a));
+  const float ms = median_batch_ms(3, 12, [&] {
     for (size_t i = 0; i < copies.size(); ++i)
       row_copy<<<sms * ctas_per_sm, warps * 32, smem>>>(copies[i], maps[i], copy, row_bytes, rows_per_chunk,
                                                         chunks_per_row, total_chunks, stages, out);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    if (rep >= 3) ms.push_back(t);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1e3f / copies.size();
+  });
+  return ms * 1e3f / copies.size();
 }
 
 }  // namespace

@@ -18,17 +18,9 @@
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/mma_fragments.cuh"
 #include "bulk_copy.cuh"
+#include "probe_timing.h"
 
 using namespace locus::cuda::detail;
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 
@@ -145,25 +137,13 @@ float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int s
   int fit = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, c.warps * 32, smem));
   if (fit < c.ctas_per_sm) return -1.f;
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
   const int launches = slice > 0 ? static_cast<int>(total / slice) : 1;  // back to back, rotating
   const int64_t per_warp_launch = slice > 0 ? slice / warps / stage_bytes * stage_bytes : per_warp;
-  for (int rep = 0; rep < 12; ++rep) {
-    CHECK(cudaEventRecord(a));
+  const float ms = median_batch_ms(2, 10, [&] {
     for (int l = 0; l < launches; ++l)
       k<<<ctas, c.warps * 32, smem>>>(w + l * per_warp_launch * warps, per_warp_launch, c.stage_chunks, c.stages, out);
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    if (rep >= 2) ms.push_back(t);
-  }
-  CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return static_cast<float>(per_warp_launch * warps * launches) / (ms[ms.size() / 2] * 1e-3f) / 1e9f;
+  });
+  return static_cast<float>(per_warp_launch * warps * launches) / (ms * 1e-3f) / 1e9f;
 }
 
 float dispatch(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {

@@ -308,6 +308,18 @@ __device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t 
   return static_cast<int>(unit_of(pl, domain, r * c + c - 1) - *first + 1);
 }
 
+// Unit `unit` of `domain`: chunks [*begin, *end) of the domain's rows laid end to end.
+__device__ __forceinline__ void unit_range(const Plan& pl, int domain, int64_t unit, int64_t* begin, int64_t* end) {
+  const int64_t t = static_cast<int64_t>(pl.rows[domain]) * pl.chunks;
+  *begin = t * unit / pl.units[domain];
+  *end = t * (unit + 1) / pl.units[domain];
+}
+// The chunks [*c0, *c1) of row r that the range [begin, end) covers.
+__device__ __forceinline__ void row_chunks(int64_t c, int64_t r, int64_t begin, int64_t end, int* c0, int* c1) {
+  *c0 = static_cast<int>(max(begin, r * c) - r * c);
+  *c1 = static_cast<int>(min(end, r * c + c) - r * c);
+}
+
 // The part, batch entry, row group and half of row r of `domain` (the rest of the Segment zero).
 template <int H>
 __device__ __forceinline__ Segment decode_row(const StreamGemmArgs& a, int domain, int64_t r) {
@@ -458,7 +470,8 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
   const int rows = static_cast<int>((end - 1) / c - r_first + 1);
   auto segment = [&](int i) {
     const int64_t r = r_first + i;
-    const int c0 = static_cast<int>(max(begin, r * c) - r * c), c1 = static_cast<int>(min(end, r * c + c) - r * c);
+    int c0, c1;
+    row_chunks(c, r, begin, end, &c0, &c1);
     return decode_segment<H>(a, pl, domain, r, unit, c0, c1);
   };
   auto direct = [](const Segment& u) { return H == 1 && u.segments == 1; };
@@ -543,8 +556,8 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
 
 // Before the previous kernel in the stream has finished (programmatic dependent launch), a CTA
 // asks L2 for up to kPrefetchBytes of the weights of unit blockIdx.x of the domains' units laid
-// end to end: a guess (units are taken dynamically), but the CTAs together ask for the first
-// units of every domain, whoever streams them then. Weights only: nothing the previous kernel
+// end to end: with one domain its own first unit; with several a guess (units come from the
+// counters), but the CTAs together ask for the first units of every domain, whoever streams them. Weights only: nothing the previous kernel
 // writes is read here, and an L2 prefetch returns no data that could go stale. Only in launches
 // that overlap the previous kernel: in a plain one it would just compete with the rings' first
 // copies.
@@ -556,13 +569,15 @@ __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, con
   int domain = 0;
   while (domain < a.num_domains && unit >= pl.units[domain]) unit -= pl.units[domain++];
   if (domain == a.num_domains) return;
-  const int64_t c = pl.chunks, t = static_cast<int64_t>(pl.rows[domain]) * c;
-  const int64_t begin = t * unit / pl.units[domain], end = t * (unit + 1) / pl.units[domain];
+  const int64_t c = pl.chunks;
+  int64_t begin, end;
+  unit_range(pl, domain, unit, &begin, &end);
   int64_t budget = kPrefetchBytes;
   for (int64_t r = begin / c; r * c < end && budget > 0; ++r) {
     Segment u = decode_row<H>(a, domain, r);
-    u.c0 = static_cast<int>(max(begin, r * c) - r * c);
-    u.n = static_cast<int>(min(end, r * c + c) - r * c) - u.c0;
+    int c1;
+    row_chunks(c, r, begin, end, &u.c0, &c1);
+    u.n = c1 - u.c0;
     const int64_t affordable = (budget + Format<F>::kWeightBytes - 1) / Format<F>::kWeightBytes;
     if (u.n > affordable) u.n = static_cast<int>(affordable);
     budget -= Format<F>::prefetch(a.parts[u.part], pl.chunks, a.k, u, lane);
@@ -653,9 +668,9 @@ __global__ void __launch_bounds__(W * 32)
     if (domain < 0) break;
     // The unit's chunks [begin, end) of the domain's rows laid end to end: warp w streams its
     // 1/W of them, then the CTA finishes the unit's row segments side by side.
-    const int64_t c = pl.chunks, t = static_cast<int64_t>(pl.rows[domain]) * c;
-    const int64_t begin = t * unit / pl.units[domain], end = t * (unit + 1) / pl.units[domain];
-    const int64_t r_first = begin / c;
+    int64_t begin, end;
+    unit_range(pl, domain, unit, &begin, &end);
+    const int64_t r_first = begin / pl.chunks;
     const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
     if (we > wb) warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane);
     __syncthreads();
