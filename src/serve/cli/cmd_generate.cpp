@@ -7,10 +7,8 @@
 #include <iostream>
 #include <memory>
 
-#include "runtime/generator.h"
+#include "runtime/generation_stack.h"
 #include "runtime/llm_args_cli.h"
-#include "runtime/model_loader.h"
-#include "runtime/tokenizer.h"
 #include "serve/cli/command.h"
 
 namespace {
@@ -29,19 +27,16 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
   using namespace locus;
   using namespace locus::runtime;
   LlmArgs args = cli.resolve();
-  LOCUS_CHECK(!args.model.empty(), "generate: --model DIR is required");
   LOCUS_CHECK(static_cast<int64_t>(o.prompts.size()) <= args.max_batch_size, "generate: ", o.prompts.size(),
               " prompts exceed max_batch_size=", args.max_batch_size);
   SamplingParams sp{o.temperature, o.top_k, o.top_p, args.seed};
   sp.validate();
 
-  Tokenizer tok = Tokenizer::from_path(args.tokenizer.empty() ? args.model : args.tokenizer);
   ModelLoaderOptions lo;
   lo.progress = !o.quiet;
   lo.log = o.quiet ? nullptr : stderr;
-  LoadedModel lm = ModelLoader(args, lo).load();
-  LOCUS_CHECK(tok.vocab_size() <= lm.config.vocab_size, "tokenizer has ", tok.vocab_size(),
-              " tokens but the model's vocab_size is ", lm.config.vocab_size);
+  auto stack = GenerationStack::load(args, lo, "generate");
+  const Tokenizer& tok = stack->tokenizer;
 
   std::vector<GenerationRequest> reqs;
   for (const auto& p : o.prompts) {
@@ -52,12 +47,7 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
     r.sampling = sp;
     reqs.push_back(r);
   }
-  std::vector<int32_t> eos;
-  for (int64_t e : lm.config.eos_token_ids) eos.push_back(static_cast<int32_t>(e));
-  if (auto e = tok.eos_id()) eos.push_back(*e);
-
-  KvCacheManager kv(lm.config, lm.device, resolve_kv_budget(args, lm.device), args.max_batch_size, args.max_seq_len);
-  Generator gen(*lm.model, kv, eos);
+  Generator& gen = *stack->generator;
   const bool stream = reqs.size() == 1;
   StreamingDecoder dec(tok);
   if (stream) {
