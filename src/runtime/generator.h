@@ -8,21 +8,10 @@
 #include <vector>
 
 #include "models/deepseek_v3.h"
+#include "runtime/batch_stepper.h"
 #include "runtime/kv_cache.h"
-#include "runtime/sampler.h"
 
 namespace locus::runtime {
-
-struct GenerationRequest {
-  std::vector<int32_t> prompt;  // token ids (at least one)
-  int64_t max_new_tokens = 16;
-  SamplingParams sampling;      // sequence i of a batch samples with seed sampling.seed + i
-};
-
-struct GenerationResult {
-  std::vector<int32_t> tokens;  // generated ids (the eos token included when one ended it)
-  std::string finish_reason;    // "eos" or "length"
-};
 
 struct GenerationStats {
   int64_t prompt_tokens = 0, decode_tokens = 0;  // decode: tokens produced by decode steps
@@ -37,7 +26,8 @@ class Generator {
   // eos_ids: tokens that end a sequence (config eos_token_id and the tokenizer's eos).
   Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids);
 
-  // on_token(i, id) is called for every token sequence i generates, as soon as it is sampled.
+  // Sequence i samples with seed sampling.seed + i. on_token(i, id) is called for every token
+  // sequence i generates, as soon as it is sampled.
   // Every request's KV cache is acquired up front (budget errors before any compute) and
   // released at the end, also on error.
   std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests,

@@ -1,13 +1,14 @@
 #include "serve/batching_engine.h"
 
-#include <vector>
+#include <algorithm>
 
 #include "core/error.h"
 
 namespace locus::serve {
 
-BatchingEngine::BatchingEngine(runtime::Generator& generator, int max_batch)
-    : generator_(generator), max_batch_(max_batch) {
+BatchingEngine::BatchingEngine(models::DeepseekV3ForCausalLM& model, runtime::KvCacheManager& kv,
+                               std::vector<int32_t> eos_ids, int max_batch)
+    : stepper_(model, kv, std::move(eos_ids)), max_batch_(max_batch) {
   LOCUS_CHECK(max_batch >= 1, "BatchingEngine: max_batch must be >= 1, got ", max_batch);
   worker_ = std::thread([this] { run(); });
 }
@@ -36,56 +37,106 @@ std::future<runtime::GenerationResult> BatchingEngine::submit(EngineRequest requ
   return f;
 }
 
-void BatchingEngine::run() {
-  while (true) {
-    std::vector<Pending> batch;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (stopping_) {
-        for (auto& p : queue_) p.done.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
-        queue_.clear();
-        return;
-      }
-      while (!queue_.empty() && static_cast<int>(batch.size()) < max_batch_) {
-        batch.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-    }
-    std::vector<runtime::GenerationRequest> reqs;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      reqs.push_back(batch[i].request.generation);
-      // The generator samples sequence i with seed + i; undo that so that a request's tokens do
-      // not depend on where in a batch it lands.
-      reqs.back().sampling.seed -= i;
-    }
-    bool emitted = false;
+int64_t BatchingEngine::steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_;
+}
+
+int BatchingEngine::max_batch_seen() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_batch_seen_;
+}
+
+void BatchingEngine::admit(std::deque<Pending>& arrived) {
+  while (!arrived.empty()) {
+    Pending p = std::move(arrived.front());
+    arrived.pop_front();
     try {
-      auto results = generator_.generate(reqs, [&](size_t i, int32_t id) {
-        emitted = true;
-        if (batch[i].request.on_token) batch[i].request.on_token(id);
-      });
-      for (size_t i = 0; i < batch.size(); ++i) batch[i].done.set_value(std::move(results[i]));
-    } catch (...) {
-      // A batch that failed before its first token (the KV cache budget, a request the model
-      // rejects) is retried one request at a time, so that one request cannot fail the others.
-      if (batch.size() > 1 && !emitted) {
-        for (auto& p : batch) run_alone(p);
-      } else {
-        for (auto& p : batch) p.done.set_exception(std::current_exception());
-      }
+      const uint64_t key = stepper_.add(p.request.generation, std::move(p.request.on_token));
+      in_flight_.emplace(key, InFlight{std::move(p.done), std::move(p.request.cancelled)});
+      just_added_.push_back(key);
+    } catch (...) {  // the KV cache or the sampling parameters refuse it: it alone fails
+      p.done.set_exception(std::current_exception());
     }
   }
 }
 
-void BatchingEngine::run_alone(Pending& p) {
+bool BatchingEngine::step() {
+  std::vector<runtime::BatchStepper::Finished> finished;
   try {
-    auto results = generator_.generate({p.request.generation}, [&](size_t, int32_t id) {
-      if (p.request.on_token) p.request.on_token(id);
-    });
-    p.done.set_value(std::move(results[0]));
+    finished = stepper_.step();
   } catch (...) {
-    p.done.set_exception(std::current_exception());
+    const auto error = std::current_exception();
+    const bool retry = !stepper_.empty() && !just_added_.empty() && just_added_.size() < stepper_.size();
+    // The forward failed with every sequence intact: when it held requests just added next to
+    // running ones, those new ones fail and the others go on; otherwise everything in flight fails.
+    for (auto& [key, f] : in_flight_) {
+      const bool fresh = std::find(just_added_.begin(), just_added_.end(), key) != just_added_.end();
+      if (retry && !fresh) continue;
+      if (!stepper_.empty()) stepper_.drop(key);
+      f.done.set_exception(error);
+    }
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      const bool fresh = std::find(just_added_.begin(), just_added_.end(), it->first) != just_added_.end();
+      it = !retry || fresh ? in_flight_.erase(it) : std::next(it);
+    }
+    just_added_.clear();
+    return retry;
+  }
+  just_added_.clear();
+  for (auto& f : finished) {
+    auto it = in_flight_.find(f.key);
+    it->second.done.set_value(std::move(f.result));
+    in_flight_.erase(it);
+  }
+  drop_cancelled();
+  return true;
+}
+
+void BatchingEngine::drop_cancelled() {
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    bool cancel = false;
+    try {
+      cancel = it->second.cancelled && it->second.cancelled();
+    } catch (...) {
+      cancel = true;
+    }
+    if (!cancel) {
+      ++it;
+      continue;
+    }
+    it->second.done.set_value(stepper_.drop(it->first));
+    it = in_flight_.erase(it);
+  }
+}
+
+void BatchingEngine::run() {
+  while (true) {
+    std::deque<Pending> arrived;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !stepper_.empty(); });
+      if (stopping_) {
+        for (auto& p : queue_) p.done.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
+        queue_.clear();
+      }
+      while (!queue_.empty() && static_cast<int>(stepper_.size() + arrived.size()) < max_batch_) {
+        arrived.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+    }
+    admit(arrived);
+    if (stepper_.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++steps_;
+      max_batch_seen_ = std::max(max_batch_seen_, static_cast<int>(stepper_.size()));
+    }
+    step();
   }
 }
 

@@ -1,33 +1,46 @@
-// Runs generation requests that arrive concurrently (HTTP handler threads) on one worker thread:
-// it takes every waiting request, up to max_batch, runs them as one Generator batch, and hands
-// each its result. Requests that arrive while a batch runs wait for the next one. A request that
-// fails (an Error from the model or the KV cache) fails alone; the worker keeps serving.
+// Runs generation requests that arrive concurrently (HTTP handler threads) on one worker thread
+// with continuous batching: between two forward passes the worker adds every waiting request
+// (up to max_batch sequences in flight; a new one's first step is its prefill, alongside the
+// others' decode steps), and a request leaves the batch as soon as it ends. A request that fails
+// (its KV cache does not fit, the model rejects it) fails alone; the worker keeps serving.
 #pragma once
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
-#include "runtime/generator.h"
+#include "runtime/batch_stepper.h"
 
 namespace locus::serve {
 
 struct EngineRequest {
-  runtime::GenerationRequest generation;  // sampling.seed is the request's own seed
-  // Called on the worker thread with every token the request generates, as it is sampled.
+  runtime::GenerationRequest generation;  // sampled with its own sampling.seed
+  // Called on the worker thread with every token the request generates, as it is sampled. It
+  // must not throw (an exception there ends every request in flight).
   std::function<void(int32_t)> on_token;
+  // Polled on the worker thread after every step: true ends the request there (its result holds
+  // the tokens so far, finish_reason "cancelled"), e.g. when a stop string has appeared or the
+  // client has gone away.
+  std::function<bool()> cancelled;
 };
 
 class BatchingEngine {
  public:
-  BatchingEngine(runtime::Generator& generator, int max_batch);
-  ~BatchingEngine();  // finishes the running batch, fails the waiting requests, joins the worker
+  BatchingEngine(models::DeepseekV3ForCausalLM& model, runtime::KvCacheManager& kv, std::vector<int32_t> eos_ids,
+                 int max_batch);
+  ~BatchingEngine();  // finishes the requests in flight, fails the waiting ones, joins the worker
   BatchingEngine(const BatchingEngine&) = delete;
   BatchingEngine& operator=(const BatchingEngine&) = delete;
 
   std::future<runtime::GenerationResult> submit(EngineRequest request);
+
+  // Forward passes run so far and the most sequences one of them held (for tests and logs).
+  int64_t steps() const;
+  int max_batch_seen() const;
 
  private:
   struct Pending {
@@ -35,14 +48,25 @@ class BatchingEngine {
     std::promise<runtime::GenerationResult> done;
   };
   void run();
-  void run_alone(Pending& p);
+  void admit(std::deque<Pending>& arrived);
+  bool step();  // one forward pass; false when the stepper failed every request in flight
+  void drop_cancelled();
 
-  runtime::Generator& generator_;
+  runtime::BatchStepper stepper_;  // used by the worker only
   int max_batch_;
-  std::mutex mu_;
+  struct InFlight {
+    std::promise<runtime::GenerationResult> done;
+    std::function<bool()> cancelled;
+  };
+  std::map<uint64_t, InFlight> in_flight_;  // by stepper key
+  std::vector<uint64_t> just_added_;                                        // keys not stepped yet
+
+  mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
+  int64_t steps_ = 0;
+  int max_batch_seen_ = 0;
   std::thread worker_;
 };
 

@@ -40,6 +40,7 @@ struct StreamChannel {
   std::mutex mu;
   std::condition_variable ready;
   std::deque<std::string> pieces;
+  std::atomic<bool> client_gone{false};
 };
 
 }  // namespace
@@ -104,7 +105,19 @@ struct OpenAiServer::Impl {
   }
 
   void complete(const Job& job, httplib::Response& res) {
-    runtime::GenerationResult r = model.engine->submit({job.generation, {}}).get();
+    EngineRequest er{job.generation, {}, {}};
+    if (!job.api.stop.empty()) {  // watch for a stop string, to end the generation there
+      auto decoder = std::make_shared<runtime::StreamingDecoder>(*model.tokenizer);
+      auto text = std::make_shared<StopText>(job.api.stop);
+      er.on_token = [decoder, text](int32_t id) {
+        try {
+          text->push(decoder->push(id));
+        } catch (...) {
+        }
+      };
+      er.cancelled = [text] { return text->stopped(); };
+    }
+    runtime::GenerationResult r = model.engine->submit(std::move(er)).get();
     const std::string text = model.tokenizer->decode(r.tokens, true);
     const StopCut cut = cut_at_stop(text, job.api.stop);
     const std::string finish = finish_reason(r.finish_reason, cut.stopped);
@@ -120,7 +133,8 @@ struct OpenAiServer::Impl {
     auto channel = std::make_shared<StreamChannel>();
     auto decoder = std::make_shared<runtime::StreamingDecoder>(*model.tokenizer);
     auto text = std::make_shared<StopText>(job.api.stop);
-    EngineRequest er{job.generation, [channel, decoder, text](int32_t id) {
+    EngineRequest er{job.generation,
+                     [channel, decoder, text](int32_t id) {
                        // On the worker thread: must not throw (it would fail the whole batch).
                        try {
                          std::string piece = text->push(decoder->push(id));
@@ -131,7 +145,9 @@ struct OpenAiServer::Impl {
                          return;
                        }
                        channel->ready.notify_one();
-                     }};
+                     },
+                     // A stop string ends the generation, and so does a client that went away.
+                     [channel, text] { return text->stopped() || channel->client_gone.load(); }};
     std::shared_future<runtime::GenerationResult> done = model.engine->submit(std::move(er)).share();
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -156,13 +172,19 @@ struct OpenAiServer::Impl {
               finished = pieces.empty() && done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
             }
             for (const auto& p : pieces)
-              if (!send_piece(p)) return false;  // the client went away (its request still runs to the end)
+              if (!send_piece(p)) {  // the client went away: its generation ends at the next step
+                channel->client_gone = true;
+                return false;
+              }
             if (!finished) continue;
             try {
               const runtime::GenerationResult& r = done.get();
               // The worker is done with the decoder and the stop text: finish them here.
               const std::string rest = text->push(decoder->flush()) + text->finish();
-              if (!rest.empty() && !send_piece(rest)) return false;
+              if (!rest.empty() && !send_piece(rest)) {
+                channel->client_gone = true;
+                return false;
+              }
               const Usage u = usage(job, r);
               event(stream_chunk(job.api.endpoint, job.id, job.created, model.id, "",
                                  finish_reason(r.finish_reason, text->stopped()), job.api.include_usage ? &u : nullptr,

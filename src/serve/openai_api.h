@@ -73,7 +73,8 @@ struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-// OpenAI's finish_reason for a generator's ("eos" -> "stop", "length" -> "length").
+// OpenAI's finish_reason for a generator's ("eos" -> "stop", "length" -> "length"; a generation
+// cancelled at a stop string -> "stop").
 std::string finish_reason(const std::string& generator_reason, bool stopped_by_string);
 
 // Whole response bodies.

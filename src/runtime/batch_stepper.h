@@ -1,0 +1,71 @@
+// Continuous batching at the level of one forward pass: sequences join (their first step is
+// their prefill) and leave (eos or their token limit) between steps, each with its own KV cache
+// and its own seeded sampler. Generator runs a fixed set of requests to the end with it; the
+// server's engine adds requests as they arrive.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "models/deepseek_v3.h"
+#include "runtime/kv_cache.h"
+#include "runtime/sampler.h"
+
+namespace locus::runtime {
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  // token ids (at least one)
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // generated ids (the eos token included when one ended it)
+  std::string finish_reason;    // "eos" or "length" ("cancelled": BatchStepper::drop)
+};
+
+class BatchStepper {
+ public:
+  // eos_ids: tokens that end a sequence.
+  BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids);
+  ~BatchStepper();  // releases the caches of the sequences still running
+  BatchStepper(const BatchStepper&) = delete;
+  BatchStepper& operator=(const BatchStepper&) = delete;
+
+  // Adds a sequence and returns its key. Its KV cache is acquired now: an Error (the prompt
+  // empty, max_new_tokens < 1, the KV cache full or too small, bad sampling parameters) adds
+  // nothing. on_token(id) is called with every token it generates, as soon as it is sampled.
+  uint64_t add(const GenerationRequest& request, std::function<void(int32_t)> on_token = {});
+  // Removes a sequence before it finishes (its cache is released) and returns what it generated
+  // so far, finish_reason "cancelled".
+  GenerationResult drop(uint64_t key);
+
+  size_t size() const { return seqs_.size(); }
+  bool empty() const { return seqs_.empty(); }
+
+  struct Finished {
+    uint64_t key;
+    GenerationResult result;
+  };
+  struct StepInfo {
+    int64_t prompt_tokens = 0;  // prefill tokens in the step (sequences added since the last one)
+    int64_t decode_tokens = 0;  // sequences that took one decode token
+  };
+  // One forward over every sequence: the prompt of each sequence added since the last step, one
+  // token for the others, in the order they were added. Samples a token for each and returns the
+  // sequences that finished (their caches released). Errors propagate: from the forward with
+  // every sequence as before the step (it may be retried, e.g. without a sequence just added);
+  // from a sampler or an on_token callback with every sequence dropped.
+  std::vector<Finished> step(StepInfo* info = nullptr);
+
+ private:
+  struct Sequence;
+  models::DeepseekV3ForCausalLM& model_;
+  KvCacheManager& kv_;
+  std::vector<int32_t> eos_;
+  uint64_t next_key_ = 0;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+}  // namespace locus::runtime
