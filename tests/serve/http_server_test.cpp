@@ -143,6 +143,8 @@ TEST_F(ServerFixture, BadRequestsGetNamedErrorsAndTheServerKeepsServing) {
       {"/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "n": 3})", 400, "n"},
       {"/v1/chat/completions", R"({"model": "tiny", "messages": [{"role": "user"}]})", 400, "messages[0].content"},
       {"/v1/nothing", "{}", 404, ""},
+      {"/v1/completions", "{\"model\": \"tiny\", \"prompt\": \"\xff\xfe\"}", 400, ""},  // not UTF-8
+      {"/v1/completions", std::string(9 << 20, ' '), 413, ""},                           // over 8 MB
   };
   for (const Case& c : cases) {
     auto [status, body] = post(c.path, c.body);
