@@ -18,6 +18,9 @@ namespace {
 using nlohmann::json;
 
 constexpr size_t kMaxBodyBytes = 8 << 20;
+// HTTP worker threads: each request holds one while it waits for the engine (or streams), so this
+// bounds the requests in the server at once; those past the engine's batch wait in its queue.
+constexpr size_t kHttpThreads = 64;
 
 int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -213,6 +216,7 @@ struct OpenAiServer::Impl {
   }
 
   void routes() {
+    http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
     http.set_payload_max_length(kMaxBodyBytes);
     http.Post("/v1/completions",
               [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::kCompletions); });

@@ -91,13 +91,19 @@ TEST(BatchingEngine, RequestsJoinAndLeaveARunningBatch) {
   serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4);
   std::vector<int32_t> long_streamed;
   std::atomic<int> long_tokens{0};
+  std::atomic<bool> short_queued{false};
   auto long_done = engine.submit({long_req, [&](int32_t id) {
                                     long_streamed.push_back(id);
-                                    ++long_tokens;
+                                    // The worker waits inside the long request's second step until
+                                    // the short one is queued: it joins at the third.
+                                    if (++long_tokens == 2)
+                                      while (!short_queued.load()) std::this_thread::yield();
                                   }});
   wait_for(long_tokens, 2);  // the long request is decoding
   const int before_join = long_tokens.load();
-  const auto short_result = engine.submit({short_req, {}}).get();
+  auto short_done = engine.submit({short_req, {}});
+  short_queued = true;
+  const auto short_result = short_done.get();
   EXPECT_LT(long_tokens.load(), 40) << "the short request waited for the long one";
   EXPECT_EQ(short_result.tokens.size(), 3u);
   EXPECT_EQ(short_result.finish_reason, "length");

@@ -144,7 +144,6 @@ TEST_F(ServerFixture, BadRequestsGetNamedErrorsAndTheServerKeepsServing) {
       {"/v1/chat/completions", R"({"model": "tiny", "messages": [{"role": "user"}]})", 400, "messages[0].content"},
       {"/v1/nothing", "{}", 404, ""},
       {"/v1/completions", "{\"model\": \"tiny\", \"prompt\": \"\xff\xfe\"}", 400, ""},  // not UTF-8
-      {"/v1/completions", std::string(9 << 20, ' '), 413, ""},                           // over 8 MB
   };
   for (const Case& c : cases) {
     auto [status, body] = post(c.path, c.body);
@@ -154,6 +153,11 @@ TEST_F(ServerFixture, BadRequestsGetNamedErrorsAndTheServerKeepsServing) {
     EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
     EXPECT_EQ(e["error"]["param"].is_null() ? "" : e["error"]["param"].get<std::string>(), c.param) << body;
   }
+  // A body over 8 MB: a 413 with a JSON error, unless the server's early close reaches the client
+  // while it is still sending (then there is no response at all); either way the server goes on.
+  auto [big_status, big_body] = post("/v1/completions", std::string(9 << 20, ' '));
+  EXPECT_TRUE(big_status == 413 || big_status == -1) << big_status << " " << big_body;
+  if (big_status == 413) EXPECT_TRUE(json::parse(big_body).contains("error")) << big_body;
   auto [status, body] = post("/v1/completions", R"({"model": "tiny", "prompt": "still here", "max_tokens": 2})");
   EXPECT_EQ(status, 200) << body;
   httplib::Client c("127.0.0.1", port_);
