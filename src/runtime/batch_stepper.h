@@ -42,6 +42,7 @@ class BatchStepper {
   GenerationResult drop(uint64_t key);
 
   size_t size() const { return seqs_.size(); }
+  int64_t max_seq_len() const { return kv_.max_seq_len(); }  // prompt + new tokens of one sequence
   bool empty() const { return seqs_.empty(); }
 
   struct Finished {

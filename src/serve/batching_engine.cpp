@@ -49,15 +49,26 @@ int BatchingEngine::max_batch_seen() const {
 
 void BatchingEngine::admit(std::deque<Pending>& arrived) {
   while (!arrived.empty()) {
-    Pending p = std::move(arrived.front());
-    arrived.pop_front();
+    Pending& p = arrived.front();
     try {
-      const uint64_t key = stepper_.add(p.request.generation, std::move(p.request.on_token));
+      const uint64_t key = stepper_.add(p.request.generation, p.request.on_token);
       in_flight_.emplace(key, InFlight{std::move(p.done), std::move(p.request.cancelled)});
       just_added_.push_back(key);
-    } catch (...) {  // the KV cache or the sampling parameters refuse it: it alone fails
-      p.done.set_exception(std::current_exception());
+    } catch (...) {
+      const int64_t tokens = static_cast<int64_t>(p.request.generation.prompt.size()) + p.request.generation.max_new_tokens;
+      if (!stepper_.empty() && tokens <= stepper_.max_seq_len()) {
+        // The KV cache is full with the requests in flight: this one and those behind it wait
+        // (in order) for some to end.
+        std::lock_guard<std::mutex> lock(mu_);
+        while (!arrived.empty()) {
+          queue_.push_front(std::move(arrived.back()));
+          arrived.pop_back();
+        }
+        return;
+      }
+      p.done.set_exception(std::current_exception());  // it does not fit even alone: it fails
     }
+    arrived.pop_front();
   }
 }
 

@@ -1,8 +1,9 @@
 // Runs generation requests that arrive concurrently (HTTP handler threads) on one worker thread
 // with continuous batching: between two forward passes the worker adds every waiting request
 // (up to max_batch sequences in flight; a new one's first step is its prefill, alongside the
-// others' decode steps), and a request leaves the batch as soon as it ends. A request that fails
-// (its KV cache does not fit, the model rejects it) fails alone; the worker keeps serving.
+// others' decode steps), and a request leaves the batch as soon as it ends. A request whose KV
+// cache does not fit next to those in flight waits for some to end; one that fails (it does not
+// fit even alone, the model rejects it) fails alone; the worker keeps serving.
 #pragma once
 #include <condition_variable>
 #include <deque>

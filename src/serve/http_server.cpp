@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -92,7 +93,9 @@ struct OpenAiServer::Impl {
                               " tokens and this server's max_seq_len is ", model.max_seq_len),
                      "max_tokens");
     job.generation.prompt = std::move(prompt);
-    job.generation.max_new_tokens = job.api.max_tokens.value_or(room);
+    // Without max_tokens: OpenAI's 16 for completions, the rest of the context for chat.
+    job.generation.max_new_tokens =
+        job.api.max_tokens.value_or(endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, room) : room);
     job.generation.sampling = job.api.sampling;
     if (!job.api.seeded) job.generation.sampling.seed = model.seed + n;
     try {

@@ -41,7 +41,7 @@ struct ApiRequest {
   std::string model;
   std::string prompt;                 // completions
   std::vector<ChatMessage> messages;  // chat completions
-  std::optional<int64_t> max_tokens;  // unset: up to the context length
+  std::optional<int64_t> max_tokens;  // unset: 16 for completions, the rest of the context for chat
   runtime::SamplingParams sampling;   // OpenAI defaults: temperature 1, top_p 1
   bool seeded = false;                // the request gave a seed
   bool stream = false;

@@ -133,6 +133,19 @@ TEST(BatchingEngine, CancelledRequestsEndAtTheNextStep) {
   EXPECT_EQ(f.kv.live_sequences(), 0);
 }
 
+// More requests than the KV cache holds at once: the ones that do not fit wait for others to end
+// (in order), and all complete.
+TEST(BatchingEngine, RequestsWaitForKvCacheRoom) {
+  EngineFixture f;
+  runtime::KvCacheManager small{f.lm.config, f.lm.device, {64 << 20, "test"}, 2, 256};  // 2 sequences
+  serve::BatchingEngine engine(*f.lm.model, small, {}, 8);
+  std::vector<std::future<runtime::GenerationResult>> done;
+  for (int i = 0; i < 5; ++i) done.push_back(engine.submit({{random_ids(3 + i, f.vocab(), fresh_seed()), 4 + i, {}}, {}, {}}));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(done[i].get().tokens.size(), static_cast<size_t>(4 + i)) << "request " << i;
+  EXPECT_LE(engine.max_batch_seen(), 2);
+  EXPECT_EQ(small.live_sequences(), 0);
+}
+
 // A request the model rejects at its first forward (a token id outside the vocabulary) fails
 // alone; the request it was batched with goes on to the same tokens as alone.
 TEST(BatchingEngine, ARequestTheModelRejectsFailsAlone) {
