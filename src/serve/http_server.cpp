@@ -220,6 +220,11 @@ struct OpenAiServer::Impl {
 
   void routes() {
     http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+    if (std::FILE* log = model.log)
+      http.set_logger([log](const httplib::Request& q, const httplib::Response& r) {
+        std::fprintf(log, "locus: %s %s %s -> %d\n", q.remote_addr.c_str(), q.method.c_str(), q.path.c_str(), r.status);
+        std::fflush(log);
+      });
     http.set_payload_max_length(kMaxBodyBytes);
     http.Post("/v1/completions",
               [this](const httplib::Request& q, httplib::Response& r) { handle(q, r, Endpoint::kCompletions); });

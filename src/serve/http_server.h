@@ -5,6 +5,7 @@
 // server keeps serving the others.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,7 @@ struct ServedModel {
   BatchingEngine* engine = nullptr;
   int64_t max_seq_len = 4096;                      // prompt + generated tokens per request
   uint64_t seed = 0;                               // requests without a seed get seed + their number
+  std::FILE* log = nullptr;                        // one line per request (null: none)
 };
 
 class OpenAiServer {

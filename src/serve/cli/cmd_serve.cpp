@@ -49,6 +49,7 @@ int run_serve(const locus::runtime::LlmArgsCli& cli, const ServeOptions& o) {
   model.engine = &engine;
   model.max_seq_len = args.max_seq_len;
   model.seed = args.seed;
+  model.log = o.quiet ? nullptr : stderr;
   serve::OpenAiServer server(model);
   const int port = server.bind(o.host, o.port);
   std::fprintf(stderr, "locus: serving \"%s\" on http://%s:%d (POST /v1/completions, /v1/chat/completions; GET /v1/models, /health)\n",
@@ -72,6 +73,6 @@ LOCUS_REGISTER_COMMAND("serve", "serve a DeepSeek-V3 model over an OpenAI-compat
   app.add_option("--port", o->port, "port to listen on (0: any free port, printed at start)")->capture_default_str();
   app.add_option("--served-model-name", o->served_model_name,
                  "the model name clients pass (default: the model directory's name)");
-  app.add_flag("--quiet", o->quiet, "no progress bar or load notes");
+  app.add_flag("--quiet", o->quiet, "no progress bar, load notes or request log");
   return [=] { return run_serve(*cli, *o); };
 });
