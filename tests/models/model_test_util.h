@@ -173,11 +173,13 @@ inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint64_t seed) 
 
 // Random ids whose routing has no near-tie in the fp64 reference (see reference_forward): draws
 // from seed, seed+1, ... until every kept/dropped routing gap is at least min_margin. BF16
-// rounding (and the absorbed vs prefill attention forms) move the router's selection scores by
-// up to about 1e-3 on the tiny model (a flip was seen at a 1e-3 gap, none above 2e-3), so 5e-3
-// leaves a margin. Returns the ids and sets *ref to their reference logits.
+// rounding (and the absorbed vs prefill attention forms) move the router's selection scores on
+// the tiny model by more than once thought: flips were seen at a 1e-3 gap and, on 2026-12-03, at
+// a 5.5e-3 gap (token 0 of LOCUS_TEST_SEED=11555674585079739971: its logits 100 % off, the other
+// tokens within 1.2 %). 2e-2 leaves a margin of about 4x; the 64 draws still find such ids.
+// Returns the ids and sets *ref to their reference logits.
 inline std::vector<int32_t> ids_with_clear_routing(const RefConfig& c, const RefWeights& w, int64_t n, uint64_t seed,
-                                                   std::vector<double>* ref, double min_margin = 5e-3) {
+                                                   std::vector<double>* ref, double min_margin = 2e-2) {
   for (int attempt = 0; attempt < 64; ++attempt) {
     auto ids = random_ids(n, c.vocab, seed + static_cast<uint64_t>(attempt));
     double m = 0;
