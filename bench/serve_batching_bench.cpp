@@ -10,8 +10,7 @@
 #include <unistd.h>
 
 #include "models/tiny_model.h"
-#include "runtime/kv_cache.h"
-#include "runtime/model_loader.h"
+#include "runtime/generation_stack.h"
 #include "serve/batching_engine.h"
 
 namespace {
@@ -21,8 +20,7 @@ constexpr int64_t kNewTokens = 32;
 // The tiny model, written to a temporary directory and loaded once.
 struct TinyServing {
   std::filesystem::path dir;
-  locus::runtime::LoadedModel lm;
-  std::unique_ptr<locus::runtime::KvCacheManager> kv;
+  std::unique_ptr<locus::runtime::GenerationStack> stack;
   TinyServing() {
     dir = std::filesystem::temp_directory_path() / ("locus_serve_bench_" + std::to_string(::getpid()));
     locus::models::TinyModelOptions o;
@@ -30,14 +28,13 @@ struct TinyServing {
     locus::models::write_tiny_model(dir.string(), o);
     locus::runtime::LlmArgs args;
     args.model = dir.string();
+    args.max_batch_size = 16;
     args.max_seq_len = 256;
     args.kv_cache_budget_bytes = 256 << 20;
     locus::runtime::ModelLoaderOptions lo;
     lo.progress = false;
     lo.log = nullptr;
-    lm = locus::runtime::ModelLoader(args, lo).load();
-    kv = std::make_unique<locus::runtime::KvCacheManager>(lm.config, lm.device, locus::runtime::KvBudget{256 << 20, "bench"},
-                                                          16, 256);
+    stack = locus::runtime::GenerationStack::load(args, lo, "serve_batching_bench");
   }
   ~TinyServing() { std::filesystem::remove_all(dir); }
 };
@@ -61,7 +58,7 @@ std::vector<locus::runtime::GenerationRequest> requests(int n) {
 void run(benchmark::State& state, int max_batch) {
   TinyServing& t = tiny();
   const auto reqs = requests(static_cast<int>(state.range(0)));
-  locus::serve::BatchingEngine engine(*t.lm.model, *t.kv, {}, max_batch);
+  locus::serve::BatchingEngine engine(*t.stack->model.model, *t.stack->kv, {}, max_batch);
   for (auto _ : state) {
     std::vector<std::future<locus::runtime::GenerationResult>> done;
     for (const auto& r : reqs) done.push_back(engine.submit({r, {}, {}}));

@@ -33,9 +33,10 @@ class BatchStepper {
   BatchStepper(const BatchStepper&) = delete;
   BatchStepper& operator=(const BatchStepper&) = delete;
 
-  // Adds a sequence and returns its key. Its KV cache is acquired now: an Error (the prompt
-  // empty, max_new_tokens < 1, the KV cache full or too small, bad sampling parameters) adds
-  // nothing. on_token(id) is called with every token it generates, as soon as it is sampled.
+  // Adds a sequence and returns its key (0, 1, 2, ... in the order of the adds that succeed).
+  // Its KV cache is acquired now: an Error (the prompt empty, max_new_tokens < 1, the KV cache
+  // full or too small, bad sampling parameters) adds nothing. on_token(id) is called with every
+  // token it generates, as soon as it is sampled.
   uint64_t add(const GenerationRequest& request, std::function<void(int32_t)> on_token = {});
   // Removes a sequence before it finishes (its cache is released) and returns what it generated
   // so far, finish_reason "cancelled".

@@ -27,22 +27,19 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
                 requests[i].max_new_tokens, " (prompt ", i, ")");
   }
   BatchStepper stepper(model_, kv_, eos_);  // every cache is acquired before any compute
-  std::vector<size_t> index_of;             // stepper key -> request index
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {          // request i gets key i
     GenerationRequest r = requests[i];
     r.sampling.seed += i;
     std::function<void(int32_t)> cb;
     if (on_token) cb = [&on_token, i](int32_t id) { on_token(i, id); };
-    const uint64_t key = stepper.add(r, std::move(cb));
-    index_of.resize(key + 1);
-    index_of[key] = i;
+    stepper.add(r, std::move(cb));
   }
   std::vector<GenerationResult> results(n);
   GenerationStats st;
   auto t0 = std::chrono::steady_clock::now();
   for (bool first = true; !stepper.empty(); first = false) {
     BatchStepper::StepInfo info;
-    for (auto& f : stepper.step(&info)) results[index_of[f.key]] = std::move(f.result);
+    for (auto& f : stepper.step(&info)) results[f.key] = std::move(f.result);
     if (first) {
       st.prompt_tokens = info.prompt_tokens;
       st.prefill_seconds = seconds_since(t0);

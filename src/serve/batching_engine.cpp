@@ -72,7 +72,7 @@ void BatchingEngine::admit(std::deque<Pending>& arrived) {
   }
 }
 
-bool BatchingEngine::step() {
+void BatchingEngine::step() {
   std::vector<runtime::BatchStepper::Finished> finished;
   try {
     finished = stepper_.step();
@@ -81,18 +81,18 @@ bool BatchingEngine::step() {
     const bool retry = !stepper_.empty() && !just_added_.empty() && just_added_.size() < stepper_.size();
     // The forward failed with every sequence intact: when it held requests just added next to
     // running ones, those new ones fail and the others go on; otherwise everything in flight fails.
-    for (auto& [key, f] : in_flight_) {
-      const bool fresh = std::find(just_added_.begin(), just_added_.end(), key) != just_added_.end();
-      if (retry && !fresh) continue;
-      if (!stepper_.empty()) stepper_.drop(key);
-      f.done.set_exception(error);
-    }
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       const bool fresh = std::find(just_added_.begin(), just_added_.end(), it->first) != just_added_.end();
-      it = !retry || fresh ? in_flight_.erase(it) : std::next(it);
+      if (retry && !fresh) {
+        ++it;
+        continue;
+      }
+      if (!stepper_.empty()) stepper_.drop(it->first);
+      it->second.done.set_exception(error);
+      it = in_flight_.erase(it);
     }
     just_added_.clear();
-    return retry;
+    return;
   }
   just_added_.clear();
   for (auto& f : finished) {
@@ -101,7 +101,6 @@ bool BatchingEngine::step() {
     in_flight_.erase(it);
   }
   drop_cancelled();
-  return true;
 }
 
 void BatchingEngine::drop_cancelled() {

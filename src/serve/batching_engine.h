@@ -50,7 +50,7 @@ class BatchingEngine {
   };
   void run();
   void admit(std::deque<Pending>& arrived);
-  bool step();  // one forward pass; false when the stepper failed every request in flight
+  void step();  // one forward pass; a failure fails the requests it concerns
   void drop_cancelled();
 
   runtime::BatchStepper stepper_;  // used by the worker only

@@ -113,11 +113,10 @@ struct OpenAiServer::Impl {
   void complete(const Job& job, httplib::Response& res) {
     EngineRequest er{job.generation, {}, {}};
     if (!job.api.stop.empty()) {  // watch for a stop string, to end the generation there
-      auto decoder = std::make_shared<runtime::StreamingDecoder>(*model.tokenizer);
-      auto text = std::make_shared<StopText>(job.api.stop);
-      er.on_token = [decoder, text](int32_t id) {
+      auto text = std::make_shared<ReplyText>(*model.tokenizer, job.api.stop);
+      er.on_token = [text](int32_t id) {
         try {
-          text->push(decoder->push(id));
+          text->push(id);
         } catch (...) {
         }
       };
@@ -137,13 +136,12 @@ struct OpenAiServer::Impl {
   // Server-sent events: one chunk per text piece, a last chunk with the finish reason, [DONE].
   void stream(const Job& job, httplib::Response& res) {
     auto channel = std::make_shared<StreamChannel>();
-    auto decoder = std::make_shared<runtime::StreamingDecoder>(*model.tokenizer);
-    auto text = std::make_shared<StopText>(job.api.stop);
+    auto text = std::make_shared<ReplyText>(*model.tokenizer, job.api.stop);
     EngineRequest er{job.generation,
-                     [channel, decoder, text](int32_t id) {
+                     [channel, text](int32_t id) {
                        // On the worker thread: must not throw (it would fail the whole batch).
                        try {
-                         std::string piece = text->push(decoder->push(id));
+                         std::string piece = text->push(id);
                          if (piece.empty()) return;
                          std::lock_guard<std::mutex> lock(channel->mu);
                          channel->pieces.push_back(std::move(piece));
@@ -157,7 +155,7 @@ struct OpenAiServer::Impl {
     std::shared_future<runtime::GenerationResult> done = model.engine->submit(std::move(er)).share();
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
-        "text/event-stream", [this, job, channel, decoder, text, done](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [this, job, channel, text, done](size_t, httplib::DataSink& sink) {
           auto event = [&](const json& body) {
             const std::string line = "data: " + dump(body) + "\n\n";
             return sink.write(line.data(), line.size());
@@ -185,8 +183,8 @@ struct OpenAiServer::Impl {
             if (!finished) continue;
             try {
               const runtime::GenerationResult& r = done.get();
-              // The worker is done with the decoder and the stop text: finish them here.
-              const std::string rest = text->push(decoder->flush()) + text->finish();
+              // The worker is done with the reply's text: finish it here.
+              const std::string rest = text->finish();
               if (!rest.empty() && !send_piece(rest)) {
                 channel->client_gone = true;
                 return false;
