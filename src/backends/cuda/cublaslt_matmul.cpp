@@ -41,11 +41,22 @@ void relaxed(Fn&& fn) {
   cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
+// A cached choice: the algorithm, and the SM count its descriptor targets (0: the whole device).
+struct Tactic {
+  cublasLtMatmulAlgo_t algo;
+  int32_t sm_target = 0;
+};
+
+// Per (device, stream): each partition stream gets its own handle and workspace.
+struct StreamLt {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // 32 MiB
+};
+
 struct LtState {
   std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
-  std::map<std::pair<int, cudaStream_t>, void*> workspaces;  // (device, stream) -> 32 MiB
-  std::map<std::string, cublasLtMatmulAlgo_t> tactics;
+  std::map<std::pair<int, cudaStream_t>, StreamLt> streams;
+  std::map<std::string, Tactic> tactics;
 };
 
 LtState& state() {
@@ -53,21 +64,19 @@ LtState& state() {
   return *s;
 }
 
-cublasLtHandle_t handle_locked(LtState& s) {
-  if (!s.handle) relaxed([&] { LOCUS_CUBLAS_CHECK(cublasLtCreate(&s.handle)); });
-  return s.handle;
-}
-
-void* workspace_locked(LtState& s, cudaStream_t stream) {
+// The stream's handle and workspace, made on its first matmul (kept for the process: a captured
+// graph may still use the workspace after the stream is gone).
+const StreamLt& stream_lt_locked(LtState& s, cudaStream_t stream) {
   int dev = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  auto key = std::make_pair(dev, stream);
-  auto it = s.workspaces.find(key);
-  if (it != s.workspaces.end()) return it->second;
-  void* p = nullptr;
-  relaxed([&] { LOCUS_CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes)); });
-  s.workspaces[key] = p;
-  return p;
+  auto it = s.streams.find({dev, stream});
+  if (it != s.streams.end()) return it->second;
+  StreamLt lt;
+  relaxed([&] {
+    LOCUS_CUDA_CHECK(cudaMalloc(&lt.workspace, kWorkspaceBytes));
+    LOCUS_CUBLAS_CHECK(cublasLtCreate(&lt.handle));
+  });
+  return s.streams.emplace(std::make_pair(dev, stream), lt).first->second;
 }
 
 int alignment_of(const void* p) {
@@ -86,6 +95,15 @@ bool stream_capturing(cudaStream_t s) {
 bool autotune_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("LOCUS_CUBLASLT_AUTOTUNE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+// LOCUS_CUBLASLT_SM_TARGET=0 leaves out the candidates aimed at a partition's SM count.
+bool sm_target_candidates() {
+  static const bool on = [] {
+    const char* e = std::getenv("LOCUS_CUBLASLT_SM_TARGET");
     return !(e && std::string(e) == "0");
   }();
   return on;
@@ -134,9 +152,52 @@ Scalars scalars(const LtMatmul& mm) {
   return {&one, &zero};
 }
 
-float time_algo(cublasLtHandle_t h, const Descs& ds, const cublasLtMatmulAlgo_t& algo, const LtMatmul& mm,
-                void* ws, cudaStream_t stream) {
+// The descriptors of `mm`, its heuristic aimed at `sm_target` SMs (0: the whole device).
+void make_descs(const LtMatmul& mm, int32_t sm_target, Descs* ds) {
+  const cudaDataType dt = mm.d_f32 ? CUDA_R_32F : CUDA_R_16BF;
+  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasOperation_t ta = mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (mm.alpha_device) {
+    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
+  }
+  if (sm_target > 0) {
+    LOCUS_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sm_target, sizeof(sm_target)));
+  }
+  if (mm.bias) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &mm.bias, sizeof(void*)));
+    cudaDataType bt = mm.bias_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  make_layout(&ds->a, CUDA_R_16BF, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k, mm.lda, mm.batch, mm.stride_a);
+  make_layout(&ds->b, CUDA_R_16BF, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb, mm.batch, mm.stride_b);
+  make_layout(&ds->d, dt, mm.m, mm.n, mm.ldd, mm.batch, mm.stride_d);
+  LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds->pref));
+  size_t wsb = kWorkspaceBytes;
+  LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+  uint32_t u;
+  u = alignment_of(mm.a); cublasLtMatmulPreferenceSetAttribute(ds->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &u, sizeof(u));
+  u = alignment_of(mm.b); cublasLtMatmulPreferenceSetAttribute(ds->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &u, sizeof(u));
+  u = alignment_of(mm.d); cublasLtMatmulPreferenceSetAttribute(ds->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &u, sizeof(u));
+  cublasLtMatmulPreferenceSetAttribute(ds->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &u, sizeof(u));
+}
+
+cublasStatus_t run(const StreamLt& lt, const Descs& ds, const cublasLtMatmulAlgo_t& algo, const LtMatmul& mm,
+                   cudaStream_t stream) {
   const Scalars sc = scalars(mm);
+  return cublasLtMatmul(lt.handle, ds.op, sc.alpha, mm.a, ds.a, mm.b, ds.b, sc.beta, mm.d, ds.d, mm.d, ds.d, &algo,
+                        lt.workspace, kWorkspaceBytes, stream);
+}
+
+// Milliseconds of one call with `t` (the best of 3 after a warm-up); 1e30 when it fails.
+float time_tactic(const StreamLt& lt, const Tactic& t, const LtMatmul& mm, cudaStream_t stream) {
+  Descs ds;
+  make_descs(mm, t.sm_target, &ds);
   cudaEvent_t e0, e1;
   LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
   LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
@@ -144,8 +205,7 @@ float time_algo(cublasLtHandle_t h, const Descs& ds, const cublasLtMatmulAlgo_t&
   bool ok = true;
   for (int rep = 0; rep < 4 && ok; ++rep) {
     cudaEventRecord(e0, stream);
-    ok = cublasLtMatmul(h, ds.op, sc.alpha, mm.a, ds.a, mm.b, ds.b, sc.beta, mm.d, ds.d, mm.d, ds.d, &algo, ws,
-                        kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+    ok = run(lt, ds, t.algo, mm, stream) == CUBLAS_STATUS_SUCCESS;
     cudaEventRecord(e1, stream);
     cudaEventSynchronize(e1);
     float ms = 0;
@@ -154,7 +214,43 @@ float time_algo(cublasLtHandle_t h, const Descs& ds, const cublasLtMatmulAlgo_t&
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  cudaGetLastError();  // a candidate that failed to launch leaves its error behind
   return ok ? best : 1e30f;
+}
+
+// The heuristic's candidates for the whole device and, on a partition stream (`sm_part` > 0), for
+// the partition's SM count too: cuBLASLt does not see a green context's SMs, and its whole-device
+// picks can take as long on half the SMs as on all of them. The fastest is timed (outside a
+// capture: timing runs real work on the stream); inside one the whole-device heuristic's first
+// choice is taken, so later calls stay deterministic.
+Tactic choose_tactic(const StreamLt& lt, const LtMatmul& mm, int sm_part, cudaStream_t stream, const std::string& key) {
+  constexpr int kCandidates = 8;
+  std::vector<Tactic> cands;
+  std::vector<int32_t> targets = {0};
+  if (sm_part > 0 && sm_target_candidates()) targets.push_back(sm_part);
+  for (int32_t target : targets) {
+    Descs ds;
+    make_descs(mm, target, &ds);
+    cublasLtMatmulHeuristicResult_t res[kCandidates];
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(lt.handle, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kCandidates, res, &found) !=
+        CUBLAS_STATUS_SUCCESS)
+      found = 0;
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) cands.push_back({res[i].algo, target});
+  }
+  LOCUS_CHECK(!cands.empty(), "cuBLASLt has no algorithm for the matmul ", key);
+  if (cands.size() == 1 || !autotune_enabled() || stream_capturing(stream)) return cands[0];
+  size_t best = 0;
+  float best_ms = 1e30f;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const float ms = time_tactic(lt, cands[i], mm, stream);
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  return cands[best];
 }
 
 }  // namespace
@@ -180,76 +276,19 @@ void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
   LOCUS_CHECK(mm.k > 0, "cuBLASLt matmul with K = 0 is not supported");
   LtState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  cublasLtHandle_t h = handle_locked(s);
-  void* ws = workspace_locked(s, stream);
-
-  Descs ds;
-  const cudaDataType dt = mm.d_f32 ? CUDA_R_32F : CUDA_R_16BF;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  cublasOperation_t ta = mm.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = mm.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (mm.alpha_device) {
-    cublasLtPointerMode_t pm = CUBLASLT_POINTER_MODE_DEVICE;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pm, sizeof(pm)));
-  }
-  // (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = the partition's SMs was tried on the H200 on
-  // 2026-12-02: slower at M = 512 and an execution failure at M = 4096 on a green-context stream.)
+  const StreamLt& lt = stream_lt_locked(s, stream);
   const int sm_part = partition_stream_sm_count(stream);
-  if (mm.bias) {
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &mm.bias, sizeof(void*)));
-    cudaDataType bt = mm.bias_f32 ? CUDA_R_32F : CUDA_R_16BF;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
-  }
-  make_layout(&ds.a, CUDA_R_16BF, mm.trans_a ? mm.k : mm.m, mm.trans_a ? mm.m : mm.k, mm.lda, mm.batch, mm.stride_a);
-  make_layout(&ds.b, CUDA_R_16BF, mm.trans_b ? mm.n : mm.k, mm.trans_b ? mm.k : mm.n, mm.ldb, mm.batch, mm.stride_b);
-  make_layout(&ds.d, dt, mm.m, mm.n, mm.ldd, mm.batch, mm.stride_d);
-
-  const int al_a = alignment_of(mm.a), al_b = alignment_of(mm.b), al_d = alignment_of(mm.d);
   const int al_bias = mm.bias ? alignment_of(mm.bias) : 256;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&ds.pref));
-  size_t wsb = kWorkspaceBytes;
-  LOCUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
-  uint32_t u;
-  u = al_a; cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &u, sizeof(u));
-  u = al_b; cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &u, sizeof(u));
-  u = al_d; cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &u, sizeof(u));
-  cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &u, sizeof(u));
-
   const std::string key =
       str(mm.trans_a, mm.trans_b, ':', mm.m, 'x', mm.n, 'x', mm.k, ':', mm.lda, ',', mm.ldb, ',', mm.ldd, ':', mm.batch,
           ',', mm.stride_a, ',', mm.stride_b, ',', mm.stride_d, ':', mm.d_f32, ':', mm.bias != nullptr, mm.bias_f32, ':',
-          al_a, ',', al_b, ',', al_d, ',', al_bias, ":sm", sm_part, ':', mm.alpha_device != nullptr);
-
+          alignment_of(mm.a), ',', alignment_of(mm.b), ',', alignment_of(mm.d), ',', al_bias, ":sm", sm_part, ':',
+          mm.alpha_device != nullptr);
   auto it = s.tactics.find(key);
-  if (it == s.tactics.end()) {
-    constexpr int kCandidates = 8;
-    cublasLtMatmulHeuristicResult_t res[kCandidates];
-    int found = 0;
-    LOCUS_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, kCandidates, res, &found));
-    LOCUS_CHECK(found > 0, "cuBLASLt has no algorithm for the matmul ", key);
-    int best = 0;
-    // Timing runs real work on the stream, so it happens only outside a capture; inside one the
-    // heuristic's first choice is taken and cached, so later calls stay deterministic.
-    if (found > 1 && autotune_enabled() && !stream_capturing(stream)) {
-      float best_ms = 1e30f;
-      for (int i = 0; i < found; ++i) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        float ms = time_algo(h, ds, res[i].algo, mm, ws, stream);
-        if (ms < best_ms) {
-          best_ms = ms;
-          best = i;
-        }
-      }
-      cudaGetLastError();
-    }
-    it = s.tactics.emplace(key, res[best].algo).first;
-  }
-  const Scalars sc = scalars(mm);
-  LOCUS_CUBLAS_CHECK(cublasLtMatmul(h, ds.op, sc.alpha, mm.a, ds.a, mm.b, ds.b, sc.beta, mm.d, ds.d, mm.d, ds.d,
-                                    &it->second, ws, kWorkspaceBytes, stream));
+  if (it == s.tactics.end()) it = s.tactics.emplace(key, choose_tactic(lt, mm, sm_part, stream, key)).first;
+  Descs ds;
+  make_descs(mm, it->second.sm_target, &ds);
+  LOCUS_CUBLAS_CHECK(run(lt, ds, it->second.algo, mm, stream));
 }
 
 }  // namespace locus::cuda::detail

@@ -1,6 +1,8 @@
-// Internal to the CUDA backend: one cuBLASLt matmul in column-major terms, with a per-stream
-// workspace and a tactic cache (the heuristic's candidates timed once per shape, outside any
-// capture, keyed by shape, dtypes, alignments, epilogue and the stream's SM partition size).
+// Internal to the CUDA backend: one cuBLASLt matmul in column-major terms, with a handle and a
+// workspace per stream (so each domain's partition stream has its own) and a tactic cache: the
+// heuristic's candidates (on a partition stream, those for its SM count as well) timed once per
+// shape outside any capture, keyed by shape, dtypes, alignments, epilogue and the stream's SM
+// partition size.
 #pragma once
 #include <cuda_runtime_api.h>
 
