@@ -1,7 +1,8 @@
 // Where the time of a partitioned BF16 GEMM / BMM goes on 2 emulated locality domains (green-context
 // SM partitions) when it runs as a fork/join of one cuBLASLt call per domain stream. Each figure is
 // the median per call over replays of a CUDA graph of R back-to-back calls on R rotating weights
-// (together > 240 MB, 4x the H200's L2), as in gemm_bench. Columns (us per call):
+// (together > 240 MB, 4x the H200's L2; the columns' graphs replayed in turn), as in gemm_bench.
+// Columns (us per call):
 //   unpart   ops::gemm on the caller stream, all SMs (the reference of the partitioned ratio);
 //   half     one half of the rows on the caller stream, all SMs;
 //   serial   both halves one after the other on the caller stream (no fork, no join);
@@ -40,12 +41,11 @@ void print_row(const char* label, long long m, const Columns& c) {
   std::fflush(stdout);
 }
 
-// Times `one(r)` R times back to back in a captured graph on `s`; seconds per call.
-double timed(cudaStream_t s, int calls, const std::function<void(int)>& one) {
-  auto g = capture(s, [&] {
+// Adds a graph of `one(r)` for r < R, back to back, timed into *out (seconds per call).
+void timed(InterleavedTimer& timer, double* out, int calls, const std::function<void(int)>& one) {
+  timer.add(out, calls, [&] {
     for (int r = 0; r < calls; ++r) one(r);
   });
-  return time_graph(g, s, calls, 30);
 }
 
 }  // namespace
@@ -92,17 +92,19 @@ int main(int argc, char** argv) {
         return std::vector<ops::PartitionSlice>{{0, N / 2, st[0]}, {N / 2, N, st[1]}};
       };
       Columns c{};
-      c.unpart = timed(s, R, [&](int r) { ops::gemm(x, w[r], {}, y, caller); });
-      c.half = timed(s, R, [&](int r) { ops::gemm(x, sh0[r], {}, y0, caller); });
-      c.serial = timed(s, R, [&](int r) {
+      InterleavedTimer timer(s);
+      timed(timer, &c.unpart, R, [&](int r) { ops::gemm(x, w[r], {}, y, caller); });
+      timed(timer, &c.half, R, [&](int r) { ops::gemm(x, sh0[r], {}, y0, caller); });
+      timed(timer, &c.serial, R, [&](int r) {
         ops::gemm(x, sh0[r], {}, y0, caller);
         ops::gemm(x, sh1[r], {}, y1, caller);
       });
-      c.green1 = timed(s, R, [&](int r) {
+      timed(timer, &c.green1, R, [&](int r) {
         ops::run_partitioned(caller, {green[0]}, [&](int) { ops::gemm(x, sh0[r], {}, y0, green[0]); });
       });
-      c.green2 = timed(s, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(green), caller); });
-      c.plain2 = timed(s, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(ordinary), caller); });
+      timed(timer, &c.green2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(green), caller); });
+      timed(timer, &c.plain2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(ordinary), caller); });
+      timer.run(30);
       const std::string label = std::to_string(N) + " x " + std::to_string(K);
       print_row(label.c_str(), M, c);
     }
@@ -128,17 +130,19 @@ int main(int argc, char** argv) {
         return std::vector<ops::PartitionSlice>{{0, H / 2, st[0]}, {H / 2, H, st[1]}};
       };
       Columns c{};
-      c.unpart = timed(s, R, [&](int r) { ops::bmm(a, w[r].transpose(1, 2), y, caller); });
-      c.half = timed(s, R, [&](int r) { ops::bmm(a0, sh0[r], y0, caller); });
-      c.serial = timed(s, R, [&](int r) {
+      InterleavedTimer timer(s);
+      timed(timer, &c.unpart, R, [&](int r) { ops::bmm(a, w[r].transpose(1, 2), y, caller); });
+      timed(timer, &c.half, R, [&](int r) { ops::bmm(a0, sh0[r], y0, caller); });
+      timed(timer, &c.serial, R, [&](int r) {
         ops::bmm(a0, sh0[r], y0, caller);
         ops::bmm(a1, sh1[r], y1, caller);
       });
-      c.green1 = timed(s, R, [&](int r) {
+      timed(timer, &c.green1, R, [&](int r) {
         ops::run_partitioned(caller, {green[0]}, [&](int) { ops::bmm(a0, sh0[r], y0, green[0]); });
       });
-      c.green2 = timed(s, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(green), caller); });
-      c.plain2 = timed(s, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(ordinary), caller); });
+      timed(timer, &c.green2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(green), caller); });
+      timed(timer, &c.plain2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(ordinary), caller); });
+      timer.run(30);
       const std::string label = "BMM 128 x " + std::to_string(N) + " x " + std::to_string(K);
       print_row(label.c_str(), M, c);
     }

@@ -2,7 +2,7 @@
 //
 // For every N x K and M it times, as CUDA graphs of R back-to-back calls over R rotating weight
 // copies (R chosen so the weights total > 240 MB, four times the H200's L2), the median over
-// many replays of:
+// many replays (the columns' graphs replayed in turn, so drift reaches all alike) of:
 //   cublas   plain cuBLAS cublasGemmEx (default algorithm), the reference;
 //   lt       cuBLASLt with the tactic timed once per shape (the large-M path of cuda::gemm);
 //   stream   our weight-streaming kernel (M <= 32);
@@ -231,31 +231,32 @@ int main(int argc, char** argv) {
       Row row{N, K, M};
       const int reps = M >= 512 ? 10 : 30;
       const float alpha = 1.f, beta = 0.f;
-      auto timed = [&](int calls, const std::function<void(int)>& one) {
-        auto g = capture(s, [&] {
+      InterleavedTimer timer(s);
+      auto timed = [&](double* out, int calls, const std::function<void(int)>& one) {
+        timer.add(out, calls, [&] {
           for (int r = 0; r < calls; ++r) one(r);
         });
-        return time_graph(g, s, calls, reps);
       };
-      row.cublas = timed(R, [&](int r) {
+      timed(&row.cublas, R, [&](int r) {
         cublasGemmEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, x.data_ptr(),
                      CUDA_R_16BF, K, &beta, y.data_ptr(), CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
-      row.lt = timed(R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
+      timed(&row.lt, R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
       if (M <= cuda::detail::kStreamGemmMaxM)
-        row.stream = timed(R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
-      row.ours = timed(R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
-      row.part = timed(R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
-      if (M <= 128) row.fp4 = timed(RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        timed(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
+      timed(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
+      timed(&row.part, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
+      if (M <= 128) timed(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
       if (M <= cuda::kNvfp4StreamMaxM) {  // the same without programmatic dependent launch
         cuda::detail::StreamGemmTuning plain = table_tuning;
         plain.dependent_launch = 0;
         cuda::detail::set_stream_gemm_tuning(plain);
-        row.fp4plain = timed(RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        timed(&row.fp4plain, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
         cuda::detail::set_stream_gemm_tuning(table_tuning);
       }
       if (M <= cuda::kNvfp4StreamMaxM)
-        row.fp4part = timed(RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        timed(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+      timer.run(reps);
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
       std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | ours %8.1f (%.2fx) %5.0f GB/s | part "
@@ -298,19 +299,21 @@ int main(int argc, char** argv) {
       fill_random_bf16(xa, rng);
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
       const float alpha = 1.f, beta = 0.f;
-      auto timed = [&](const std::function<void(int)>& one) {
-        auto g = capture(s, [&] {
+      InterleavedTimer timer(s);
+      auto timed = [&](double* out, const std::function<void(int)>& one) {
+        timer.add(out, R, [&] {
           for (int r = 0; r < R; ++r) one(r);
         });
-        return time_graph(g, s, R, 30);
       };
-      const double t_cublas = timed([&](int r) {
+      double t_cublas = 0, t_ours = 0, t_part = 0;
+      timed(&t_cublas, [&](int r) {
         cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
                                    a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
-      const double t_ours = timed([&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
-      const double t_part = timed([&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      timed(&t_ours, [&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
+      timed(&t_part, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      timer.run(30);
       const double io = double(M) * H * (K + N) * 2;
       std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) %5.0f GB/s | part %7.1f (unpart/part %.2f)\n",
                   (long long)H, (long long)N, (long long)K, (long long)M, t_cublas * 1e6, t_ours * 1e6, t_cublas / t_ours,

@@ -66,6 +66,52 @@ inline cuda::Graph capture(cudaStream_t s, const std::function<void()>& body) {
   return g;
 }
 
+// Times several captured graphs against each other: each is replayed in turn, one replay per
+// graph per round, so that clock and temperature drift over a long run reach them all alike (timed
+// one after another, a later column could be slower only for coming later).
+class InterleavedTimer {
+ public:
+  explicit InterleavedTimer(cudaStream_t s) : s_(s) {}
+  // Captures `body` (which makes `calls` calls; run once eagerly first) to be timed into *out, in
+  // seconds per call.
+  void add(double* out, int calls, const std::function<void()>& body) {
+    entries_.push_back({capture(s_, body), calls, out});
+  }
+  // Three untimed replays of each, then `reps` rounds; writes each graph's median.
+  void run(int reps) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (auto& e : entries_)
+      for (int i = 0; i < 3; ++i) e.graph.replay(s_);
+    std::vector<std::vector<double>> t(entries_.size());
+    for (int rep = 0; rep < reps; ++rep) {
+      for (size_t i = 0; i < entries_.size(); ++i) {
+        CK(cudaEventRecord(a, s_));
+        entries_[i].graph.replay(s_);
+        CK(cudaEventRecord(b, s_));
+        CK(cudaEventSynchronize(b));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        t[i].push_back(ms * 1e-3 / entries_[i].calls);
+      }
+    }
+    for (size_t i = 0; i < entries_.size(); ++i) *entries_[i].out = median(t[i]);
+    entries_.clear();
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+
+ private:
+  struct Entry {
+    cuda::Graph graph;
+    int calls;
+    double* out;
+  };
+  cudaStream_t s_;
+  std::vector<Entry> entries_;
+};
+
 // Device-to-device copy bandwidth (bytes read + written per second), 2 GiB.
 inline double copy_bandwidth(cudaStream_t s) {
   const size_t bytes = size_t(1) << 30;
