@@ -144,6 +144,9 @@ void fork_join_costs(cudaStream_t caller, cudaStream_t g0, cudaStream_t g1, cuda
       {"caller -> green 0 and 1, join 1 -> 0 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); on(g0); on(g1); wait(g0, g1); cuda::join_streams(caller, {g0}); }},
       {"caller -> green 0 -> green 1 -> caller (serial)", [&] { cuda::fork_streams(caller, {g0}); on(g0); wait(g1, g0); on(g1); cuda::join_streams(caller, {g1}); }},
       {"kernel on caller and green 1 -> caller", [&] { cuda::fork_streams(caller, {g1}); on(caller); on(g1); cuda::join_streams(caller, {g1}); }},
+      {"caller -> 2 kernels on green 0 -> caller", [&] { cuda::fork_streams(caller, {g0}); on(g0); on(g0); cuda::join_streams(caller, {g0}); }},
+      {"caller -> 2 kernels on each of green 0 and 1 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); on(g0); on(g0); on(g1); on(g1); cuda::join_streams(caller, {g0, g1}); }},
+      {"caller -> 3 kernels on each of green 0 and 1 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); for (int i = 0; i < 3; ++i) { on(g0); on(g1); } cuda::join_streams(caller, {g0, g1}); }},
   };
   std::printf("\n| one graph step (20 in a chain, empty kernels) | us per step |\n|---|---|\n");
   for (const Case& c : cases) std::printf("| %s | %.2f |\n", c.name, us_per_step(caller, c.step));
