@@ -129,24 +129,46 @@ double us_per_step(cudaStream_t caller, Step&& step) {
 
 // What one step costs in a graph, by the shape of its fork/join (one empty kernel per branch).
 void fork_join_costs(cudaStream_t caller, cudaStream_t g0, cudaStream_t g1, cudaStream_t p0, cudaStream_t p1) {
-  auto wait = [](cudaStream_t waiter, cudaStream_t on) { cuda::fork_streams(on, {waiter}); };
   auto on = [](cudaStream_t s) { empty_kernel<<<1, 32, 0, s>>>(); };
+  auto wait = [](cudaStream_t waiter, cudaStream_t on) { cuda::fork_streams(on, {waiter}); };
+  // Fork from the caller to `targets`, run `body`, join them back.
+  auto around = [&](const std::vector<void*>& targets, const std::function<void()>& body) {
+    cuda::fork_streams(caller, targets);
+    body();
+    cuda::join_streams(caller, targets);
+  };
   struct Case {
     const char* name;
     std::function<void()> step;
   };
   const std::vector<Case> cases = {
       {"one kernel on the caller, no fork", [&] { on(caller); }},
-      {"caller -> 2 ordinary streams -> caller", [&] { cuda::fork_streams(caller, {p0, p1}); on(p0); on(p1); cuda::join_streams(caller, {p0, p1}); }},
-      {"caller -> green 0 -> caller", [&] { cuda::fork_streams(caller, {g0}); on(g0); cuda::join_streams(caller, {g0}); }},
-      {"caller -> green 0 and 1 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); on(g0); on(g1); cuda::join_streams(caller, {g0, g1}); }},
-      {"caller -> green 0 and ordinary -> caller", [&] { cuda::fork_streams(caller, {g0, p1}); on(g0); on(p1); cuda::join_streams(caller, {g0, p1}); }},
-      {"caller -> green 0 and 1, join 1 -> 0 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); on(g0); on(g1); wait(g0, g1); cuda::join_streams(caller, {g0}); }},
-      {"caller -> green 0 -> green 1 -> caller (serial)", [&] { cuda::fork_streams(caller, {g0}); on(g0); wait(g1, g0); on(g1); cuda::join_streams(caller, {g1}); }},
-      {"kernel on caller and green 1 -> caller", [&] { cuda::fork_streams(caller, {g1}); on(caller); on(g1); cuda::join_streams(caller, {g1}); }},
-      {"caller -> 2 kernels on green 0 -> caller", [&] { cuda::fork_streams(caller, {g0}); on(g0); on(g0); cuda::join_streams(caller, {g0}); }},
-      {"caller -> 2 kernels on each of green 0 and 1 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); on(g0); on(g0); on(g1); on(g1); cuda::join_streams(caller, {g0, g1}); }},
-      {"caller -> 3 kernels on each of green 0 and 1 -> caller", [&] { cuda::fork_streams(caller, {g0, g1}); for (int i = 0; i < 3; ++i) { on(g0); on(g1); } cuda::join_streams(caller, {g0, g1}); }},
+      {"caller -> 2 ordinary streams -> caller", [&] { around({p0, p1}, [&] { on(p0); on(p1); }); }},
+      {"caller -> green 0 -> caller", [&] { around({g0}, [&] { on(g0); }); }},
+      {"caller -> green 0 and 1 -> caller", [&] { around({g0, g1}, [&] { on(g0); on(g1); }); }},
+      {"caller -> green 0 and ordinary -> caller", [&] { around({g0, p1}, [&] { on(g0); on(p1); }); }},
+      {"caller -> green 0 and 1, join 1 -> 0 -> caller",
+       [&] {
+         cuda::fork_streams(caller, {g0, g1});
+         on(g0);
+         on(g1);
+         wait(g0, g1);
+         cuda::join_streams(caller, {g0});
+       }},
+      {"caller -> green 0 -> green 1 -> caller (serial)",
+       [&] {
+         cuda::fork_streams(caller, {g0});
+         on(g0);
+         wait(g1, g0);
+         on(g1);
+         cuda::join_streams(caller, {g1});
+       }},
+      {"kernel on caller and green 1 -> caller", [&] { around({g1}, [&] { on(caller); on(g1); }); }},
+      {"caller -> 2 kernels on green 0 -> caller", [&] { around({g0}, [&] { on(g0); on(g0); }); }},
+      {"caller -> 2 kernels on each of green 0 and 1 -> caller",
+       [&] { around({g0, g1}, [&] { on(g0); on(g0); on(g1); on(g1); }); }},
+      {"caller -> 3 kernels on each of green 0 and 1 -> caller",
+       [&] { around({g0, g1}, [&] { for (int i = 0; i < 3; ++i) { on(g0); on(g1); } }); }},
   };
   std::printf("\n| one graph step (20 in a chain, empty kernels) | us per step |\n|---|---|\n");
   for (const Case& c : cases) std::printf("| %s | %.2f |\n", c.name, us_per_step(caller, c.step));
