@@ -92,20 +92,20 @@ bool stream_capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+// A switch that is on unless the environment variable `name` is "0".
+bool env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
+
 bool autotune_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOCUS_CUBLASLT_AUTOTUNE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch("LOCUS_CUBLASLT_AUTOTUNE");
   return on;
 }
 
 // LOCUS_CUBLASLT_SM_TARGET=0 leaves out the candidates aimed at a partition's SM count.
 bool sm_target_candidates() {
-  static const bool on = [] {
-    const char* e = std::getenv("LOCUS_CUBLASLT_SM_TARGET");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch("LOCUS_CUBLASLT_SM_TARGET");
   return on;
 }
 
