@@ -41,13 +41,6 @@ void print_row(const char* label, long long m, const Columns& c) {
   std::fflush(stdout);
 }
 
-// Adds a graph of `one(r)` for r < R, back to back, timed into *out (seconds per call).
-void timed(InterleavedTimer& timer, double* out, int calls, const std::function<void(int)>& one) {
-  timer.add(out, calls, [&] {
-    for (int r = 0; r < calls; ++r) one(r);
-  });
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,17 +86,17 @@ int main(int argc, char** argv) {
       };
       Columns c{};
       InterleavedTimer timer(s);
-      timed(timer, &c.unpart, R, [&](int r) { ops::gemm(x, w[r], {}, y, caller); });
-      timed(timer, &c.half, R, [&](int r) { ops::gemm(x, sh0[r], {}, y0, caller); });
-      timed(timer, &c.serial, R, [&](int r) {
+      timer.add(&c.unpart, R, [&](int r) { ops::gemm(x, w[r], {}, y, caller); });
+      timer.add(&c.half, R, [&](int r) { ops::gemm(x, sh0[r], {}, y0, caller); });
+      timer.add(&c.serial, R, [&](int r) {
         ops::gemm(x, sh0[r], {}, y0, caller);
         ops::gemm(x, sh1[r], {}, y1, caller);
       });
-      timed(timer, &c.green1, R, [&](int r) {
+      timer.add(&c.green1, R, [&](int r) {
         ops::run_partitioned(caller, {green[0]}, [&](int) { ops::gemm(x, sh0[r], {}, y0, green[0]); });
       });
-      timed(timer, &c.green2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(green), caller); });
-      timed(timer, &c.plain2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(ordinary), caller); });
+      timer.add(&c.green2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(green), caller); });
+      timer.add(&c.plain2, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices(ordinary), caller); });
       timer.run(30);
       const std::string label = std::to_string(N) + " x " + std::to_string(K);
       print_row(label.c_str(), M, c);
@@ -131,17 +124,17 @@ int main(int argc, char** argv) {
       };
       Columns c{};
       InterleavedTimer timer(s);
-      timed(timer, &c.unpart, R, [&](int r) { ops::bmm(a, w[r].transpose(1, 2), y, caller); });
-      timed(timer, &c.half, R, [&](int r) { ops::bmm(a0, sh0[r], y0, caller); });
-      timed(timer, &c.serial, R, [&](int r) {
+      timer.add(&c.unpart, R, [&](int r) { ops::bmm(a, w[r].transpose(1, 2), y, caller); });
+      timer.add(&c.half, R, [&](int r) { ops::bmm(a0, sh0[r], y0, caller); });
+      timer.add(&c.serial, R, [&](int r) {
         ops::bmm(a0, sh0[r], y0, caller);
         ops::bmm(a1, sh1[r], y1, caller);
       });
-      timed(timer, &c.green1, R, [&](int r) {
+      timer.add(&c.green1, R, [&](int r) {
         ops::run_partitioned(caller, {green[0]}, [&](int) { ops::bmm(a0, sh0[r], y0, green[0]); });
       });
-      timed(timer, &c.green2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(green), caller); });
-      timed(timer, &c.plain2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(ordinary), caller); });
+      timer.add(&c.green2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(green), caller); });
+      timer.add(&c.plain2, R, [&](int r) { ops::bmm_partitioned(a, {sh0[r], sh1[r]}, y, slices(ordinary), caller); });
       timer.run(30);
       const std::string label = "BMM 128 x " + std::to_string(N) + " x " + std::to_string(K);
       print_row(label.c_str(), M, c);

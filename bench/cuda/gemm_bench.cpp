@@ -232,30 +232,25 @@ int main(int argc, char** argv) {
       const int reps = M >= 512 ? 10 : 30;
       const float alpha = 1.f, beta = 0.f;
       InterleavedTimer timer(s);
-      auto timed = [&](double* out, int calls, const std::function<void(int)>& one) {
-        timer.add(out, calls, [&] {
-          for (int r = 0; r < calls; ++r) one(r);
-        });
-      };
-      timed(&row.cublas, R, [&](int r) {
+      timer.add(&row.cublas, R, [&](int r) {
         cublasGemmEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, x.data_ptr(),
                      CUDA_R_16BF, K, &beta, y.data_ptr(), CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
-      timed(&row.lt, R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
+      timer.add(&row.lt, R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
       if (M <= cuda::detail::kStreamGemmMaxM)
-        timed(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
-      timed(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
-      timed(&row.part, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
-      if (M <= 128) timed(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        timer.add(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
+      timer.add(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
+      timer.add(&row.part, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
+      if (M <= 128) timer.add(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
       if (M <= cuda::kNvfp4StreamMaxM) {  // the same without programmatic dependent launch
         cuda::detail::StreamGemmTuning plain = table_tuning;
         plain.dependent_launch = 0;
         cuda::detail::set_stream_gemm_tuning(plain);
-        timed(&row.fp4plain, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        timer.add(&row.fp4plain, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
         cuda::detail::set_stream_gemm_tuning(table_tuning);
       }
       if (M <= cuda::kNvfp4StreamMaxM)
-        timed(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        timer.add(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
       timer.run(reps);
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
@@ -300,19 +295,14 @@ int main(int argc, char** argv) {
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
       const float alpha = 1.f, beta = 0.f;
       InterleavedTimer timer(s);
-      auto timed = [&](double* out, const std::function<void(int)>& one) {
-        timer.add(out, R, [&] {
-          for (int r = 0; r < R; ++r) one(r);
-        });
-      };
       double t_cublas = 0, t_ours = 0, t_part = 0;
-      timed(&t_cublas, [&](int r) {
+      timer.add(&t_cublas, R, [&](int r) {
         cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
                                    a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
-      timed(&t_ours, [&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
-      timed(&t_part, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      timer.add(&t_ours, R, [&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
+      timer.add(&t_part, R, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
       timer.run(30);
       const double io = double(M) * H * (K + N) * 2;
       std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) %5.0f GB/s | part %7.1f (unpart/part %.2f)\n",

@@ -34,6 +34,17 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// Seconds of one replay of `g` on `s`, between the events `a` and `b`.
+inline double replay_seconds(const cuda::Graph& g, cudaStream_t s, cudaEvent_t a, cudaEvent_t b) {
+  CK(cudaEventRecord(a, s));
+  g.replay(s);
+  CK(cudaEventRecord(b, s));
+  CK(cudaEventSynchronize(b));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, a, b));
+  return ms * 1e-3;
+}
+
 // Median seconds per call of a graph that holds `calls` calls, over `reps` replays.
 inline double time_graph(const cuda::Graph& g, cudaStream_t s, int calls, int reps) {
   cudaEvent_t a, b;
@@ -41,15 +52,7 @@ inline double time_graph(const cuda::Graph& g, cudaStream_t s, int calls, int re
   CK(cudaEventCreate(&b));
   for (int i = 0; i < 3; ++i) g.replay(s);
   std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(a, s));
-    g.replay(s);
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e-3 / calls);
-  }
+  for (int i = 0; i < reps; ++i) t.push_back(replay_seconds(g, s, a, b) / calls);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return median(t);
@@ -72,10 +75,13 @@ inline cuda::Graph capture(cudaStream_t s, const std::function<void()>& body) {
 class InterleavedTimer {
  public:
   explicit InterleavedTimer(cudaStream_t s) : s_(s) {}
-  // Captures `body` (which makes `calls` calls; run once eagerly first) to be timed into *out, in
-  // seconds per call.
-  void add(double* out, int calls, const std::function<void()>& body) {
-    entries_.push_back({capture(s_, body), calls, out});
+  // Captures one(0), ..., one(calls - 1) back to back (run once eagerly first) as a graph to be
+  // timed into *out, in seconds per call.
+  void add(double* out, int calls, const std::function<void(int)>& one) {
+    auto all = [&] {
+      for (int r = 0; r < calls; ++r) one(r);
+    };
+    entries_.push_back({capture(s_, all), calls, out});
   }
   // Three untimed replays of each, then `reps` rounds; writes each graph's median.
   void run(int reps) {
@@ -86,15 +92,8 @@ class InterleavedTimer {
       for (int i = 0; i < 3; ++i) e.graph.replay(s_);
     std::vector<std::vector<double>> t(entries_.size());
     for (int rep = 0; rep < reps; ++rep) {
-      for (size_t i = 0; i < entries_.size(); ++i) {
-        CK(cudaEventRecord(a, s_));
-        entries_[i].graph.replay(s_);
-        CK(cudaEventRecord(b, s_));
-        CK(cudaEventSynchronize(b));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        t[i].push_back(ms * 1e-3 / entries_[i].calls);
-      }
+      for (size_t i = 0; i < entries_.size(); ++i)
+        t[i].push_back(replay_seconds(entries_[i].graph, s_, a, b) / entries_[i].calls);
     }
     for (size_t i = 0; i < entries_.size(); ++i) *entries_[i].out = median(t[i]);
     entries_.clear();
