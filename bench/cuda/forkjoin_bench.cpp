@@ -44,16 +44,8 @@ void print_row(const char* label, long long m, const Columns& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string split = "backfill";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--split" && i + 1 < argc) {
-      split = argv[++i];
-    } else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_forkjoin_bench [--split backfill|aligned]\n", a.c_str());
-      return 2;
-    }
-  }
+  std::string split;
+  if (const int rc = split_from_args(argc, argv, "cuda_forkjoin_bench [--split backfill|aligned]", &split)) return rc;
   std::vector<cuda::SmPartition> parts;
   if (const int rc = make_two_domains(split, &parts)) return rc;
   cudaStream_t s, plain[2];

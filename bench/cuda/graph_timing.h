@@ -153,6 +153,22 @@ inline void fill_random_bf16(const Tensor& t, std::mt19937_64& rng) {
   }
 }
 
+// The split of a command line whose only option is `--split backfill|aligned` (default backfill).
+// Returns 0 with *split set, else 2 after naming the unknown argument and printing `usage`.
+inline int split_from_args(int argc, char** argv, const char* usage, std::string* split) {
+  *split = "backfill";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--split" && i + 1 < argc) {
+      *split = argv[++i];
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\nusage: %s\n", a.c_str(), usage);
+      return 2;
+    }
+  }
+  return 0;
+}
+
 // The benchmarks' two emulated locality domains (green-context SM partitions, `split` backfill or
 // aligned). Returns 0 with *parts filled, else the exit code after saying why on stderr.
 inline int make_two_domains(const std::string& split, std::vector<cuda::SmPartition>* parts) {

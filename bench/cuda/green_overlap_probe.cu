@@ -18,6 +18,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "graph_timing.h"
 #include "probe_timing.h"
 
 using namespace locus;
@@ -178,21 +179,11 @@ void fork_join_costs(cudaStream_t caller, cudaStream_t g0, cudaStream_t g1, cuda
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string split = "backfill";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--split" && i + 1 < argc) split = argv[++i];
-    else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_green_overlap_probe [--split backfill|aligned]\n", a.c_str());
-      return 2;
-    }
-  }
-  if (!cuda::device_available()) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
-  std::vector<cuda::SmPartition> parts = cuda::create_sm_partitions(
-      0, 2, split == "aligned" ? cuda::SplitMode::kAligned : cuda::SplitMode::kBackfill);
+  std::string split;
+  if (const int rc = bench::split_from_args(argc, argv, "cuda_green_overlap_probe [--split backfill|aligned]", &split))
+    return rc;
+  std::vector<cuda::SmPartition> parts;
+  if (const int rc = bench::make_two_domains(split, &parts)) return rc;
   const char* conn = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("partitions (%s): %d + %d SMs; CUDA_DEVICE_MAX_CONNECTIONS=%s\n\n", split.c_str(), parts[0].sm_count,
               parts[1].sm_count, conn ? conn : "(unset)");
