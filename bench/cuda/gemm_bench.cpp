@@ -11,15 +11,16 @@
 //            partitions, one shard each in its domain's memory): a fork/join of one cuBLASLt call
 //            per partition stream (one domain-aware streaming launch instead for M <=
 //            LOCUS_STREAM_GEMM_BF16_MAX_M, 0 by default);
-//   fp4      ops::nvfp4_gemm (streaming kernel for M <= 64, dequantize + cuBLASLt above);
-//   fp4 plain the same with the streaming kernel's programmatic dependent launch off, i.e. each
-//            call starts only when the previous one has ended (as cuBLAS's calls do here);
+//   fp4      ops::nvfp4_gemm (the streaming kernel, or the wgmma kernel where nvfp4_use_wgmma
+//            says so, up to M = 64; dequantize + cuBLASLt above);
+//   fp4 mma  the same through the streaming (mma.sync) kernel, where fp4 takes the wgmma one;
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
 // and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--tuning U,W[,S[,P]]] [--out FILE]
-// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --tuning: the
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]
+// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --m: the
+// table's M values. --tuning: the
 // streaming kernel's units per CTA, warps per CTA, ring depth and dependent launch (1/0) for the
 // table, as in StreamGemmTuning; fields left out keep their defaults)
 #include <cublas_v2.h>
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -38,6 +40,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_wgmma.h"
 #include "backends/cuda/stream_gemm.h"
 #include "core/float_convert.h"
 #include "core/tensor.h"
@@ -69,7 +72,7 @@ ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4plain = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
 };
 
 // Microseconds with one decimal, or "-" for a column not measured.
@@ -89,7 +92,7 @@ ops::Nvfp4Weight half_rows(const ops::Nvfp4Weight& w, int which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string split = "backfill", out_path, only_shape, tuning_arg;
+  std::string split = "backfill", out_path, only_shape, tuning_arg, m_list;
   bool quick = false, sweep = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -99,8 +102,9 @@ int main(int argc, char** argv) {
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--shape" && i + 1 < argc) only_shape = argv[++i];
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
+    else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--tuning U,W[,S[,P]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -118,6 +122,9 @@ int main(int argc, char** argv) {
   cublasSetWorkspace(cub, cub_ws, 32 << 20);
   cublasSetStream(cub, s);
 
+  // LOCUS_NVFP4_WGMMA_MIN_M (0 when unset), restored after each streaming-kernel column.
+  const char* forced_env = std::getenv("LOCUS_NVFP4_WGMMA_MIN_M");
+  const int wgmma_forced = forced_env ? std::max(0, std::atoi(forced_env)) : 0;
   const double bw = copy_bandwidth(s);
   std::printf("device: %s, %d SMs, L2 %d MB; partitions (%s): %d + %d SMs; copy bandwidth %.0f GB/s\n",
               info.name.c_str(), info.sm_count, info.l2_bytes >> 20, split.c_str(), parts[0].sm_count, parts[1].sm_count,
@@ -131,6 +138,19 @@ int main(int argc, char** argv) {
   if (quick) {
     shapes = {{7168, 7168}, {18432, 7168}, {7168, 2048}};
     ms = {1, 16, 32, 512};
+  }
+  if (!m_list.empty()) {  // the table's M values instead of the defaults
+    ms.clear();
+    for (size_t at = 0; at < m_list.size();) {
+      const long long m = std::atoll(m_list.c_str() + at);
+      if (m < 1) {
+        std::fprintf(stderr, "--m must be a comma-separated list of positive M values, got '%s'\n", m_list.c_str());
+        return 2;
+      }
+      ms.push_back(m);
+      const size_t comma = m_list.find(',', at);
+      at = comma == std::string::npos ? m_list.size() : comma + 1;
+    }
   }
   if (!only_shape.empty()) {
     long long n = 0, k = 0;
@@ -242,12 +262,10 @@ int main(int argc, char** argv) {
       timer.add(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
       timer.add(&row.part, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
       if (M <= 128) timer.add(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
-      if (M <= cuda::kNvfp4StreamMaxM) {  // the same without programmatic dependent launch
-        cuda::detail::StreamGemmTuning plain = table_tuning;
-        plain.dependent_launch = 0;
-        cuda::detail::set_stream_gemm_tuning(plain);
-        timer.add(&row.fp4plain, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
-        cuda::detail::set_stream_gemm_tuning(table_tuning);
+      if (cuda::detail::nvfp4_use_wgmma(M, K) && M <= cuda::kNvfp4StreamMaxM) {  // the streaming kernel instead
+        cuda::detail::set_nvfp4_wgmma_min_m(cuda::kNvfp4StreamMaxM + 1);
+        timer.add(&row.fp4mma, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        cuda::detail::set_nvfp4_wgmma_min_m(wgmma_forced);
       }
       if (M <= cuda::kNvfp4StreamMaxM)
         timer.add(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
@@ -262,7 +280,7 @@ int main(int argc, char** argv) {
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
-      if (row.fp4plain > 0) std::printf(" | fp4 plain %7.1f (%.2fx)", row.fp4plain * 1e6, row.cublas / row.fp4plain);
+      if (row.fp4mma > 0) std::printf(" | fp4 mma.sync %7.1f (%.2fx)", row.fp4mma * 1e6, row.cublas / row.fp4mma);
       if (row.fp4part > 0) std::printf(" | fp4part %7.1f (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
       std::printf("\n");
       std::fflush(stdout);
@@ -325,7 +343,7 @@ int main(int argc, char** argv) {
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
-        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 plain us | plain speed-up | NVFP4 part us | "
+        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
         "unpart/part |\n";
   md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
@@ -341,8 +359,8 @@ int main(int argc, char** argv) {
     } else {
       md += " - | - | - |";
     }
-    if (r.fp4plain > 0) {
-      std::snprintf(buf, sizeof buf, " %s | %.2f |", us(r.fp4plain).c_str(), r.cublas / r.fp4plain);
+    if (r.fp4mma > 0) {
+      std::snprintf(buf, sizeof buf, " %s | %.2f |", us(r.fp4mma).c_str(), r.cublas / r.fp4mma);
       md += buf;
     } else {
       md += " - | - |";

@@ -264,41 +264,40 @@ TEST_F(CudaStreamDomains, Bf16SwigluShardsKeepGateAndUpTogether) {
   EXPECT_LT(rel_error(fetch(y), ref_swiglu(ref_gemm(x, full), M, I)), bf16_gemm_tolerance(K));
 }
 
+// M = 3 runs the streaming kernel, M = 56 the wgmma one (nvfp4_wgmma.h).
 TEST_F(CudaStreamDomains, Nvfp4ShardsInOneLaunchCaptureAndReload) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t M = 3, N = 512, K = 2048, n0 = 256;
-  ops::Nvfp4Weight w = random_nvfp4(N, K, seed);
-  auto prepare = [&](const ops::Nvfp4Weight& full, ops::Nvfp4Weight* d0, ops::Nvfp4Weight* d1) {
-    *d0 = cuda::nvfp4_prepare(ops::nvfp4_rows(full, 0, n0), 0, 0);
-    *d1 = cuda::nvfp4_prepare(ops::nvfp4_rows(full, n0, N), 0, 1);
-  };
-  ops::Nvfp4Weight d0, d1;
-  prepare(w, &d0, &d1);
-  Tensor x = randn({M, K}, DType::kBF16, seed + 1);
-  Tensor xg = to_gpu(x);
-  Tensor y = poisoned_gpu({M, N}, DType::kFP32);
-  auto run = [&] { ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {d0, d1}, {}, y, false, slices(n0, N), caller_)); };
-  run();  // eager: scratch and the SM table are created outside the capture
-  ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
-  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K));
-  cuda::Graph graph;
-  graph.begin_capture(caller_);
-  run();
-  graph.end_capture();
-  for (int rep = 0; rep < 3; ++rep) {  // counters reset themselves between replays
+  for (const int64_t M : {3, 56}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << M);
+    const int64_t N = 3072, K = 2048, n0 = 1024;
+    ops::Nvfp4Weight w = random_nvfp4(N, K, seed);
+    ops::Nvfp4Weight d0 = cuda::nvfp4_prepare(ops::nvfp4_rows(w, 0, n0), 0, 0);
+    ops::Nvfp4Weight d1 = cuda::nvfp4_prepare(ops::nvfp4_rows(w, n0, N), 0, 1);
+    Tensor x = randn({M, K}, DType::kBF16, seed + 1);
+    Tensor xg = to_gpu(x);
+    Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+    auto run = [&] { ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {d0, d1}, {}, y, false, slices(n0, N), caller_)); };
+    run();  // eager: scratch and the SM table are created outside the capture
+    ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K));
+    cuda::Graph graph;
+    graph.begin_capture(caller_);
+    run();
+    graph.end_capture();
+    for (int rep = 0; rep < 3; ++rep) {  // counters reset themselves between replays
+      y.fill_nan_();
+      graph.replay(caller_);
+      EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K)) << "replay " << rep;
+    }
+    // In-place reload of both shards (global scales included): the graph sees the new weights.
+    ops::Nvfp4Weight w2 = random_nvfp4(N, K, seed + 9);
+    w2.global_scale = w.global_scale * 3.f;
+    cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, 0, n0), d0);
+    cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, n0, N), d1);
     y.fill_nan_();
     graph.replay(caller_);
-    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w), N)), fp32_out_gemm_tolerance(K)) << "replay " << rep;
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
   }
-  // In-place reload of both shards (global scales included): the graph sees the new weights.
-  ops::Nvfp4Weight w2 = random_nvfp4(N, K, seed + 9);
-  w2.global_scale = w.global_scale * 3.f;
-  cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, 0, n0), d0);
-  cuda::nvfp4_prepare_into(ops::nvfp4_rows(w2, n0, N), d1);
-  y.fill_nan_();
-  graph.replay(caller_);
-  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
 }
 
 TEST_F(CudaStreamDomains, Nvfp4SwigluShardsInOneLaunch) {

@@ -29,9 +29,10 @@ ops::Nvfp4Weight nvfp4_clone(const ops::Nvfp4Weight& tiled, int domain);
 // Device pointer to a prepared weight's fp32 global scale (kept after its scale array, so that
 // in-place reloads rewrite it and kernels read the current value).
 const float* nvfp4_global_scale_device(const ops::Nvfp4Weight& tiled);
-// NVFP4 GEMM: the weight-streaming kernel for M <= kNvfp4StreamMaxM (blocks of 32 rows), else the
-// weight dequantized to BF16 in stream-ordered scratch and cuBLASLt (exact: the global scale is
-// the matmul's alpha, read on the device, so in-place reloads reach captured graphs too).
+// NVFP4 GEMM: for M <= kNvfp4StreamMaxM the weight-streaming kernel (stream_gemm.h) or, where
+// detail::nvfp4_use_wgmma says so, the wgmma decode-batch kernel (nvfp4_wgmma.h), else the weight
+// dequantized to BF16 in stream-ordered scratch and cuBLASLt (exact: the global scale is the
+// matmul's alpha, read on the device, so in-place reloads reach captured graphs too).
 constexpr int64_t kNvfp4StreamMaxM = 64;
 void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, void* stream);
 void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, void* stream);
@@ -65,8 +66,9 @@ bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream)
 // weights b_shards[p] ([n1 - n0, K, N], transposed views); false when not eligible.
 bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                  const std::vector<DomainSlice>& slices, void* caller);
-// NVFP4 (prepared shards), M <= kNvfp4StreamMaxM; false when M is larger or a fused gate/up
-// shard's up rows do not start on a 16-row tile.
+// NVFP4 (prepared shards), M <= kNvfp4StreamMaxM, by the streaming or the wgmma kernel (as
+// nvfp4_gemm chooses); false when M is larger or a fused gate/up shard's up rows do not start on
+// a 16-row tile.
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                         const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller);
 

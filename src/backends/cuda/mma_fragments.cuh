@@ -51,13 +51,13 @@ __device__ __forceinline__ uint32_t uint4_word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// One 16 x 64 NVFP4 tile chunk (a lane's 16 bytes `wv` and its two scale codes `sc`) times MB
-// blocks of 8 tokens (each lane's activations xv[b][0..1]: its token's 16 K values of the
-// chunk), accumulated in fp32 into acc (which then holds sum * 2^-16, see nvfp4_layout.h).
-template <int MB, typename Bits = Nvfp4WordBits>
-__device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, const uint4 (&xv)[MB][2],
-                                                float (&acc)[MB][4]) {
-  uint32_t lo[8], hi[8];  // rows g and g + 8, K pairs 0..7 of the lane's scale block
+// A lane's part of one 16 x 64 NVFP4 tile chunk (its 16 bytes `wv` and its two scale codes `sc`)
+// as bf16 A-fragment registers, exact: lo[i] (row g) and hi[i] (row g + 8) hold K values
+// 16t + 2i, + 1 of the lane's scale block (lane = 4g + t). K step s of an m16n8k16 (or wgmma
+// m64nNk16) takes {lo[2s], hi[2s], lo[2s + 1], hi[2s + 1]}: its logical K pairs t and t + 4 are
+// the physical pairs 8t + 2s and 8t + 2s + 1 of the chunk.
+template <typename Bits = Nvfp4WordBits>
+__device__ __forceinline__ void nvfp4_dequant_tile(const uint4& wv, uint32_t sc, uint32_t (&lo)[8], uint32_t (&hi)[8]) {
   const uint32_t s_lo = nvfp4_scale_pair(sc & 0xFFu), s_hi = nvfp4_scale_pair((sc >> 8) & 0xFFu);
 #pragma unroll
   for (int w = 0; w < 4; ++w) {  // words 0, 1: row g; words 2, 3: row g + 8
@@ -66,6 +66,16 @@ __device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, co
 #pragma unroll
     for (int p = 0; p < 4; ++p) (w < 2 ? lo : hi)[4 * (w & 1) + p] = r[p];
   }
+}
+
+// One 16 x 64 NVFP4 tile chunk times MB blocks of 8 tokens (each lane's activations xv[b][0..1]:
+// its token's 16 K values of the chunk), accumulated in fp32 into acc (which then holds
+// sum * 2^-16, see nvfp4_layout.h).
+template <int MB, typename Bits = Nvfp4WordBits>
+__device__ __forceinline__ void nvfp4_chunk_mma(const uint4& wv, uint32_t sc, const uint4 (&xv)[MB][2],
+                                                float (&acc)[MB][4]) {
+  uint32_t lo[8], hi[8];
+  nvfp4_dequant_tile<Bits>(wv, sc, lo, hi);
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
 #pragma unroll

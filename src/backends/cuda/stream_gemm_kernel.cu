@@ -11,10 +11,11 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/nvfp4_layout.h"
-#include "backends/cuda/persistent_alloc.h"
+#include "backends/cuda/stream_epilogue.cuh"
 #include "backends/cuda/stream_gemm.h"
 #include "backends/cuda/stream_gemm_rules.h"
-#include "backends/cuda/stream_registry.h"
+#include "backends/cuda/stream_scratch.h"
+#include "backends/cuda/unit_queue.cuh"
 
 namespace locus::cuda::detail {
 namespace {
@@ -266,40 +267,17 @@ struct Format<StreamWeight::kBF16> {
 // (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
 constexpr int kMaxPipelineStages = 4;
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
-
 // Writes the outputs of one finished tile: v[h] holds the tile's (gate, up) sums in C-fragment order.
 template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void store_tile(const StreamGemmArgs& a, const StreamGemmPart& p, int batch, int tile,
                                            int lane, const float (&v)[H][MB][4]) {
-  const int g = lane >> 2, t = lane & 3;
-  const float scale = Format<F>::out_scale(p);
-#pragma unroll
-  for (int b = 0; b < MB; ++b) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int n = tile * 16 + g + 8 * (r >> 1);
-      const int m = 8 * b + 2 * t + (r & 1);
-      if (n >= p.rows || m >= a.m) continue;
-      float out = v[0][b][r] * scale;
-      if constexpr (H == 2) {
-        out = silu(out) * (v[1][b][r] * scale);
-      } else if (p.bias) {
-        out += a.bias_f32 ? static_cast<const float*>(p.bias)[n]
-                          : __bfloat162float(static_cast<const __nv_bfloat16*>(p.bias)[n]);
-      }
-      const int64_t at = static_cast<int64_t>(m) * a.y_ld + p.y_offset + batch * p.y_batch_stride + n;
-      if (a.y_f32) static_cast<float*>(a.y)[at] = out;
-      else static_cast<__nv_bfloat16*>(a.y)[at] = __float2bfloat16_rn(out);
-    }
-  }
+  store_fragments<MB, H>(a, p, batch, tile, lane, Format<F>::out_scale(p), v);
 }
 
 // The unit of `domain` that holds chunk x of the domain's rows laid end to end: the largest i with
 // start(i) = T * i / U <= x (T = rows * C chunks, U units, U <= T so that no unit is empty).
 __device__ __forceinline__ int64_t unit_of(const Plan& pl, int domain, int64_t x) {
-  const int64_t t = static_cast<int64_t>(pl.rows[domain]) * pl.chunks;
-  return ((x + 1) * pl.units[domain] - 1) / t;
+  return stream_k_unit_of(static_cast<int64_t>(pl.rows[domain]) * pl.chunks, pl.units[domain], x);
 }
 // How many units cut row r of `domain`, and the first of them.
 __device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t r, int64_t* first) {
@@ -310,9 +288,7 @@ __device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t 
 
 // Unit `unit` of `domain`: chunks [*begin, *end) of the domain's rows laid end to end.
 __device__ __forceinline__ void unit_range(const Plan& pl, int domain, int64_t unit, int64_t* begin, int64_t* end) {
-  const int64_t t = static_cast<int64_t>(pl.rows[domain]) * pl.chunks;
-  *begin = t * unit / pl.units[domain];
-  *end = t * (unit + 1) / pl.units[domain];
+  stream_k_range(static_cast<int64_t>(pl.rows[domain]) * pl.chunks, pl.units[domain], unit, begin, end);
 }
 // The chunks [*c0, *c1) of row r that the range [begin, end) covers.
 __device__ __forceinline__ void row_chunks(int64_t c, int64_t r, int64_t begin, int64_t end, int* c0, int* c1) {
@@ -584,53 +560,6 @@ __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, con
   }
 }
 
-// Programmatic dependent launch (sm_90): let the next kernel in the stream start launching (its
-// CTAs become resident as ours leave), and wait until the previous one has finished and its
-// writes are visible (immediate when it has, or when the launch was not programmatic).
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-// Thread 0's source of units: each domain's counter hands out the domain's units in order (after
-// the first total_ctas when they were taken statically). A CTA stops once every domain has
-// refused it, so in a launch each counter is added to exactly (the units it hands out) +
-// total_ctas times, and whoever makes that last addition resets the counter for the next launch:
-// no count of departing CTAs at the end.
-struct UnitQueue {
-  const Plan& pl;
-  int num_domains, home;
-  unsigned refused = 0;  // bit d: domain d has refused this CTA
-  // The first domain, own first, that has not refused this CTA; -1 when none is left.
-  __device__ int next_domain() const {
-    for (int i = 0; i < num_domains; ++i) {
-      const int d = home + i < num_domains ? home + i : home + i - num_domains;
-      if (!((refused >> d) & 1u)) return d;
-    }
-    return -1;
-  }
-  // Takes the counter value `v` that domain d's counter returned: the unit, or its refusal.
-  __device__ bool accept(int d, unsigned v, int* unit) {
-    const unsigned statically = pl.static_first ? static_cast<unsigned>(pl.total_ctas) : 0u;
-    const unsigned handed = static_cast<unsigned>(pl.units[d]) - statically;
-    if (v == handed + static_cast<unsigned>(pl.total_ctas) - 1u) pl.counters[d] = 0;  // the launch's last addition
-    if (v < handed) {
-      *unit = static_cast<int>(v + statically);
-      return true;
-    }
-    refused |= 1u << d;
-    return false;
-  }
-  // Asks the domains in order until one hands out a unit; domain -1 when none does.
-  __device__ void take(int* domain, int* unit) {
-    *domain = -1;
-    if (!pl.counted) return;
-    for (int d; (d = next_domain()) >= 0;)
-      if (accept(d, atomicAdd(pl.counters + d, 1u), unit)) {
-        *domain = d;
-        return;
-      }
-  }
-};
-
 // Each CTA takes one unit at a time (own domain first, then the others'): its warps stream the
 // unit's chunks, then finish_unit writes its rows' outputs or partials.
 template <StreamWeight F, int MB, int H, int W>
@@ -647,21 +576,9 @@ __global__ void __launch_bounds__(W * 32)
   if (pl.overlapped && warp == 0) prefetch_first_unit<F, H>(a, pl, lane);
   wait_for_previous_grid();  // before the counters, activations, partials or outputs are touched
 
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  int home = 0;
-  if (a.sm_domain != nullptr) {
-    const uint8_t d = smid < 1024 ? a.sm_domain[smid] : kNoDomain;
-    home = d < a.num_domains ? d : static_cast<int>(smid % a.num_domains);
-  }
-  UnitQueue q{pl, a.num_domains, home};
-  if (threadIdx.x == 0) {
-    // One domain: CTA b starts with unit b without an atomic (264 CTAs adding to one counter at
-    // once serialize for about a microsecond); there are never fewer units than CTAs.
-    s_domain = pl.static_first ? 0 : -1;
-    s_unit = blockIdx.x;
-    if (!pl.static_first) q.take(&s_domain, &s_unit);
-  }
+  const int home = home_domain(a.sm_domain, a.num_domains, kNoDomain);
+  UnitQueue<Plan> q{pl, a.num_domains, home};
+  if (threadIdx.x == 0) q.first(&s_domain, &s_unit);  // one domain: never fewer units than CTAs
   while (true) {
     __syncthreads();
     const int domain = s_domain, unit = s_unit;
@@ -689,48 +606,6 @@ __global__ void __launch_bounds__(W * 32)
 
 // ---------------------------------------------------------------------------------------------
 // host side
-
-// Per-(device, stream) counters and partial tiles, grown on demand (persistent_alloc.h: an
-// outgrown buffer is kept alive, since a captured graph may still use it).
-struct Scratch {
-  unsigned* counters = nullptr;
-  size_t counter_cap = 0;
-  float4* partials = nullptr;
-  size_t partial_cap = 0;
-};
-
-Scratch scratch_for(cudaStream_t stream, size_t counters, size_t partials) {
-  static std::mutex mu;
-  static auto* all = new std::map<std::pair<int, cudaStream_t>, Scratch>();
-  std::lock_guard<std::mutex> lock(mu);
-  int dev = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  Scratch& s = (*all)[{dev, stream}];
-  if (s.partial_cap < partials) {
-    const size_t cap = std::max(partials, 2 * s.partial_cap);
-    // Partials are written before they are read; they need no initialization (zeroed anyway).
-    s.partials = static_cast<float4*>(persistent_device_alloc(cap * sizeof(float4), nullptr, "allocating the streaming GEMM partials"));
-    s.partial_cap = cap;
-  }
-  if (s.counter_cap < counters) {
-    const size_t cap = std::max(counters, 2 * s.counter_cap);
-    s.counters = static_cast<unsigned*>(persistent_device_alloc(cap * sizeof(unsigned), nullptr, "allocating the streaming GEMM counters"));
-    s.counter_cap = cap;
-  }
-  return s;
-}
-
-int sm_count_for(cudaStream_t stream) {
-  const int part = partition_stream_sm_count(stream);
-  if (part > 0) return part;
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 1;
-  }();
-  return sms;
-}
 
 std::atomic<int> g_units_per_cta{0};
 std::atomic<int> g_warps{0};
@@ -849,7 +724,7 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.total_ctas = blocks;
   pl.static_first = a.num_domains == 1 ? 1 : 0;
   pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
-  Scratch s = scratch_for(stream, kTileCounters + static_cast<size_t>(groups_total),
+  StreamScratch s = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
                           std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
   pl.counters = s.counters;
   pl.partials = s.partials;

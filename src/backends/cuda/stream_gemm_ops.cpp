@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nvfp4_layout.h"
+#include "backends/cuda/nvfp4_wgmma.h"
 #include "backends/cuda/persistent_alloc.h"
 #include "backends/cuda/stream_gemm.h"
 #include "backends/cuda/stream_registry.h"
@@ -66,6 +67,26 @@ const uint8_t* sm_domain_table(const std::vector<void*>& streams) {
           : nullptr;
   (*tables)[key] = table;
   return table;
+}
+
+// Several partition streams: their domains and SM table (one or none: every SM is domain 0).
+void set_domains(StreamGemmArgs* a, const std::vector<void*>& streams) {
+  if (streams.size() <= 1) return;
+  a->num_domains = static_cast<int32_t>(streams.size());
+  a->sm_domain = sm_domain_table(streams);
+}
+
+// Whether the device runs the sm_90a wgmma code (a Hopper GPU; other GPUs get only portable PTX).
+bool has_wgmma(int device) {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return known[device] = major == 9 && minor == 0;
 }
 
 // Fills x, y and the flags shared by every call.
@@ -182,10 +203,7 @@ bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, boo
   if (row_blocks) probe.m = std::min<int32_t>(a.m, detail::kStreamGemmMaxM);
   if (!detail::stream_gemm_eligible(probe)) return false;
   use_device(device);
-  if (streams.size() > 1) {
-    a.num_domains = static_cast<int32_t>(streams.size());
-    a.sm_domain = sm_domain_table(streams);
-  }
+  set_domains(&a, streams);
   launch_row_blocks(a, static_cast<cudaStream_t>(stream));
   return true;
 }
@@ -241,6 +259,13 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p)
     if (!nvfp4_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p], &a.parts[p])) return false;
+  // Decode batches (nvfp4_use_wgmma): the wgmma kernel, where the GPU runs it.
+  if (detail::nvfp4_use_wgmma(a.m, a.k) && detail::nvfp4_wgmma_eligible(a) && has_wgmma(x.device().index)) {
+    use_device(x.device().index);
+    set_domains(&a, streams);
+    detail::launch_nvfp4_wgmma(a, static_cast<cudaStream_t>(caller));
+    return true;
+  }
   return launch_if_eligible(a, streams, true, x.device().index, caller);
 }
 

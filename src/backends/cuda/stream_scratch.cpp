@@ -1,0 +1,48 @@
+// Per-stream scratch of the weight kernels (stream_scratch.h).
+#include "backends/cuda/stream_scratch.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/persistent_alloc.h"
+#include "backends/cuda/stream_registry.h"
+
+namespace locus::cuda::detail {
+
+StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials) {
+  static std::mutex mu;
+  static auto* all = new std::map<std::pair<int, cudaStream_t>, StreamScratch>();
+  std::lock_guard<std::mutex> lock(mu);
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  StreamScratch& s = (*all)[{dev, stream}];
+  if (s.partial_cap < partials) {
+    const size_t cap = std::max(partials, 2 * s.partial_cap);
+    // Partials are written before they are read; they need no initialization (zeroed anyway).
+    s.partials = static_cast<float4*>(persistent_device_alloc(cap * sizeof(float4), nullptr, "allocating the weight kernels' partials"));
+    s.partial_cap = cap;
+  }
+  if (s.counter_cap < counters) {
+    const size_t cap = std::max(counters, 2 * s.counter_cap);
+    s.counters = static_cast<unsigned*>(persistent_device_alloc(cap * sizeof(unsigned), nullptr, "allocating the weight kernels' counters"));
+    s.counter_cap = cap;
+  }
+  return s;
+}
+
+int sm_count_for(cudaStream_t stream) {
+  const int part = partition_stream_sm_count(stream);
+  if (part > 0) return part;
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 1;
+  }();
+  return sms;
+}
+
+}  // namespace locus::cuda::detail

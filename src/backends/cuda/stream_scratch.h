@@ -1,0 +1,26 @@
+// Internal to the CUDA backend: the per-(device, stream) work counters and fp32 partial sums that
+// the weight kernels (stream_gemm.h, nvfp4_wgmma.h) share. Kernels on one stream run in order,
+// and each leaves every counter at zero when it ends, so they can share one set.
+#pragma once
+#include <cuda_runtime_api.h>
+#include <vector_types.h>
+
+#include <cstddef>
+
+namespace locus::cuda::detail {
+
+struct StreamScratch {
+  unsigned* counters = nullptr;
+  size_t counter_cap = 0;
+  float4* partials = nullptr;
+  size_t partial_cap = 0;
+};
+// At least `counters` counters (zero) and `partials` float4 partial slots for `stream` on the
+// current device, grown on demand (an outgrown buffer is kept alive: a captured graph may still
+// use it). Capturable: allocations happen in relaxed capture mode.
+StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials);
+
+// SMs a kernel launched on `stream` may use: its green-context partition's, else the device's.
+int sm_count_for(cudaStream_t stream);
+
+}  // namespace locus::cuda::detail

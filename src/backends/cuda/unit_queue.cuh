@@ -1,0 +1,86 @@
+// Internal to the CUDA backend (device code): how a persistent CTA of the weight kernels gets its
+// work units (per-domain counters, own domain first, then the others'), and the programmatic
+// dependent launch controls that let it start while the previous kernel drains.
+#pragma once
+#include <cstdint>
+
+namespace locus::cuda::detail {
+
+// Programmatic dependent launch (sm_90): let the next kernel in the stream start launching (its
+// CTAs become resident as ours leave), and wait until the previous one has finished and its
+// writes are visible (immediate when it has, or when the launch was not programmatic).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Stream-K: T chunks of work laid end to end, cut into `units` (<= T) ranges of equal length.
+// Unit u covers chunks [T u / U, T (u + 1) / U); chunk x lies in unit ((x + 1) U - 1) / T.
+__device__ __forceinline__ int64_t stream_k_unit_of(int64_t t, int64_t units, int64_t x) {
+  return ((x + 1) * units - 1) / t;
+}
+__device__ __forceinline__ void stream_k_range(int64_t t, int64_t units, int64_t u, int64_t* begin, int64_t* end) {
+  *begin = t * u / units;
+  *end = t * (u + 1) / units;
+}
+
+// Thread 0's source of units: each domain's counter hands out the domain's units in order (after
+// the first total_ctas when they were taken statically). A CTA stops once every domain has
+// refused it, so in a launch each counter is added to exactly (the units it hands out) +
+// total_ctas times, and whoever makes that last addition resets the counter for the next launch:
+// no count of departing CTAs at the end. `Plan` is a kernel's launch plan with the fields
+// counters, units[], total_ctas, static_first and counted.
+template <class Plan>
+struct UnitQueue {
+  const Plan& pl;
+  int num_domains, home;
+  unsigned refused = 0;  // bit d: domain d has refused this CTA
+  // The first domain, own first, that has not refused this CTA; -1 when none is left.
+  __device__ int next_domain() const {
+    for (int i = 0; i < num_domains; ++i) {
+      const int d = home + i < num_domains ? home + i : home + i - num_domains;
+      if (!((refused >> d) & 1u)) return d;
+    }
+    return -1;
+  }
+  // Takes the counter value `v` that domain d's counter returned: the unit, or its refusal.
+  __device__ bool accept(int d, unsigned v, int* unit) {
+    const unsigned statically = pl.static_first ? static_cast<unsigned>(pl.total_ctas) : 0u;
+    const unsigned handed = static_cast<unsigned>(pl.units[d]) - statically;
+    if (v == handed + static_cast<unsigned>(pl.total_ctas) - 1u) pl.counters[d] = 0;  // the launch's last addition
+    if (v < handed) {
+      *unit = static_cast<int>(v + statically);
+      return true;
+    }
+    refused |= 1u << d;
+    return false;
+  }
+  // The CTA's first unit: with static_first, unit blockIdx.x of domain 0 without an atomic (a few
+  // hundred CTAs adding to one counter at once serialize for about a microsecond); else the
+  // counters' first answer.
+  __device__ void first(int* domain, int* unit) {
+    if (!pl.static_first) return take(domain, unit);
+    *domain = 0;
+    *unit = static_cast<int>(blockIdx.x);
+  }
+  // Asks the domains in order until one hands out a unit; domain -1 when none does.
+  __device__ void take(int* domain, int* unit) {
+    *domain = -1;
+    if (!pl.counted) return;
+    for (int d; (d = next_domain()) >= 0;)
+      if (accept(d, atomicAdd(pl.counters + d, 1u), unit)) {
+        *domain = d;
+        return;
+      }
+  }
+};
+
+// The home domain of the SM this CTA runs on: its entry in the %smid -> domain table (nullptr:
+// every SM is domain 0); an SM outside every domain spreads over them by its id.
+__device__ __forceinline__ int home_domain(const uint8_t* sm_domain, int num_domains, uint8_t no_domain) {
+  if (sm_domain == nullptr) return 0;
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const uint8_t d = smid < 1024 ? sm_domain[smid] : no_domain;
+  return d < num_domains ? d : static_cast<int>(smid % num_domains);
+}
+
+}  // namespace locus::cuda::detail
