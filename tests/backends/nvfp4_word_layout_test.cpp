@@ -1,6 +1,7 @@
 // The CUDA kernels' NVFP4 word layout (backends/cuda/nvfp4_layout.h), checked on the CPU: every
 // pair of e2m1 codes packed into any of the four pair positions comes back as the bf16x2 bits of
-// e2m1 * 2^-126, exactly, and the packing uses each of the 32 bits once.
+// e2m1 * 2^-126, exactly, and the packing uses each of the 32 bits once; the K order in which the
+// wgmma kernel lays out activations matches the registers of each K step.
 #include "backends/cuda/nvfp4_layout.h"
 
 #include <gtest/gtest.h>
@@ -38,6 +39,26 @@ TEST(Nvfp4WordLayout, AllCodesSetFillTheWord) {
   uint8_t nib[8];
   for (auto& n : nib) n = 0xF;
   EXPECT_EQ(nvfp4_pack_word(nib), 0xFFFFFFFFu);
+}
+
+// Every K value of a chunk has one logical place, and each K step's A fragment (registers 2s and
+// 2s + 1 of lane t's rows: physical pairs 8t + 2s and 8t + 2s + 1) meets the activations of the
+// logical pairs t and t + 4 of step s, the K positions 2t.. and 2t + 8.. that m16n8k16 assigns them.
+TEST(Nvfp4WordLayout, LogicalPairOrderMatchesEveryKStep) {
+  bool seen[32] = {};
+  for (int p = 0; p < 32; ++p) {
+    const int l = nvfp4_logical_pair(p);
+    ASSERT_GE(l, 0);
+    ASSERT_LT(l, 32);
+    EXPECT_FALSE(seen[l]) << "logical pair " << l << " twice";
+    seen[l] = true;
+  }
+  for (int t = 0; t < 4; ++t) {
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_EQ(nvfp4_logical_pair(8 * t + 2 * s), 8 * s + t) << "lane t " << t << ", step " << s;
+      EXPECT_EQ(nvfp4_logical_pair(8 * t + 2 * s + 1), 8 * s + 4 + t) << "lane t " << t << ", step " << s;
+    }
+  }
 }
 
 }  // namespace

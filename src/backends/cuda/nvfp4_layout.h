@@ -70,6 +70,18 @@ LOCUS_HD uint32_t nvfp4_word_pair_bits(uint32_t w, int p) {
   return (nvfp4_rotr(w, 26) & 0x00400040u) | (nvfp4_rotr(w, 2) & 0x81808180u);
 }
 
+// The K order of the dequantized registers within a 64-K chunk. Lane t of a tile holds K values
+// 16t .. 16t + 15 of the chunk (above), as bf16 pairs: "physical" pair P = 8t + i holds K values
+// 2P, 2P + 1, in register i of the lane's row (nvfp4_dequant_tile). An m16n8k16 / wgmma K step s
+// takes registers 2s and 2s + 1 as its A fragment, i.e. the step's "logical" pairs t (K 2t, 2t + 1
+// of the step) and t + 4 (K 2t + 8, 2t + 9). So physical pair P = 8t + 2s + h is logical pair
+// 8s + 4h + t of the chunk, and the activations must be laid out in that logical order for a
+// B operand read from memory (the wgmma kernel, nvfp4_wgmma.h).
+LOCUS_HD int nvfp4_logical_pair(int physical) {
+  const int t = physical >> 3, s = (physical & 7) >> 1, h = physical & 1;
+  return 8 * s + 4 * h + t;
+}
+
 // The layout word holding the 8 e2m1 codes nib[0..7] (the inverse of nvfp4_word_pair_bits).
 inline uint32_t nvfp4_pack_word(const uint8_t (&nib)[8]) {
   uint32_t w = 0;

@@ -113,13 +113,11 @@ __device__ __forceinline__ BlockSource<L> block_source(const StreamGemmArgs& a, 
   return src;
 }
 
-// Lane P of a warp copies the token's physical K pair P of the chunk (4 bytes) to where the
-// wgmma B tile wants it: the dequantized A registers of K step s hold physical pairs 8t + 2s + h
-// as logical pairs t + 4h (mma_fragments.cuh), so pair P goes to logical pair
-// 8 (P % 8 / 2) + 4 (P % 2) + P / 8 of the row, in the 128-byte swizzle. The offset within an
-// 8-row atom, for the row with m % 8 = `row8`.
+// Lane P of a warp copies the token's physical K pair P of the chunk (4 bytes) to where the wgmma
+// B tile wants it: logical pair nvfp4_logical_pair(P) of the row (nvfp4_layout.h), in the 128-byte
+// swizzle. The offset within an 8-row atom, for the row with m % 8 = `row8`.
 [[maybe_unused]] __device__ __forceinline__ uint32_t x_pair_offset(int row8, int pair) {
-  const int logical = 8 * ((pair & 7) >> 1) + 4 * (pair & 1) + (pair >> 3);
+  const int logical = nvfp4_logical_pair(pair);
   return row8 * kXRowBytes + (((logical >> 2) ^ row8) << 4) + (logical & 3) * 4;
 }
 
