@@ -244,13 +244,7 @@ __device__ __forceinline__ void stream_unit(const StreamGemmArgs& a, const WgPla
 
   // Compute side. The accumulators are written by wgmma only (a segment's first step starts them
   // afresh); zeroing them in the loop would make ptxas wait for every group at the loop's end.
-  float d[L][kNB][4];
-#pragma unroll
-  for (int h = 0; h < L; ++h)
-#pragma unroll
-    for (int b = 0; b < kNB; ++b)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) d[h][b][e] = 0.f;
+  float d[L][kNB][4] = {};
   int64_t block = begin / c;  // the compute cursor (the issue cursor is kStages - 2 chunks ahead)
   int chunk = static_cast<int>(begin - block * c), seg_c0 = chunk;
   // Unit chunk j from its stage into d; finishes the segment at its end. The previous chunk's
@@ -406,8 +400,6 @@ void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool nvfp4_use_wgmma(int64_t m, int64_t k) {
@@ -435,14 +427,7 @@ bool nvfp4_wgmma_eligible(const StreamGemmArgs& a) {
 void launch_nvfp4_wgmma(StreamGemmArgs& a, cudaStream_t stream) {
   LOCUS_CHECK(nvfp4_wgmma_eligible(a), "NVFP4 wgmma GEMM: ineligible problem (M = ", a.m, ", K = ", a.k,
               "; needs 1 <= M <= ", kNvfp4WgmmaMaxM, ", K % 16 == 0 and 16-byte aligned activation rows)");
-  LOCUS_CHECK(a.num_parts >= 1 && a.num_parts <= kStreamGemmMaxParts && a.num_domains >= 1 &&
-                  a.num_domains <= kStreamGemmMaxDomains,
-              "NVFP4 wgmma GEMM: ", a.num_parts, " parts over ", a.num_domains, " domains");
-  for (int i = 0; i < a.num_parts; ++i) {
-    const StreamGemmPart& p = a.parts[i];
-    LOCUS_CHECK(p.w && p.scales && p.global_scale && p.rows >= 1 && p.domain >= 0 && p.domain < a.num_domains,
-                "NVFP4 wgmma GEMM: part ", i, " is malformed (rows ", p.rows, ", domain ", p.domain, ")");
-  }
+  check_stream_gemm_parts(a, "NVFP4 wgmma GEMM");
   launch_for_m(a, stream);
 }
 

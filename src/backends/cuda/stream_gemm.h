@@ -83,6 +83,13 @@ struct StreamGemmArgs {
   int32_t num_domains = 1;
 };
 
+// Whether a pointer is 16-byte aligned (what the weight kernels' 16-byte copies need).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Throws, naming `kernel`, unless `a` has 1..kStreamGemmMaxParts well-formed parts over
+// 1..kStreamGemmMaxDomains domains (NVFP4 parts: unbatched, with scales).
+void check_stream_gemm_parts(const StreamGemmArgs& a, const char* kernel);
+
 // True when the streaming kernel takes this problem: 1 <= m <= kStreamGemmMaxM, x rows
 // 16-byte aligned; BF16 weights also need K % 8 == 0 and 16-byte aligned rows.
 bool stream_gemm_eligible(const StreamGemmArgs& a);

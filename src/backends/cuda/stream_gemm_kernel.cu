@@ -770,8 +770,6 @@ void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
   else launch_typed<F, 4, H>(a, stream);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void set_stream_gemm_tuning(const StreamGemmTuning& t) {
@@ -805,23 +803,27 @@ bool stream_gemm_eligible(const StreamGemmArgs& a) {
   return true;
 }
 
-void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
-  LOCUS_CHECK(stream_gemm_eligible(a), "streaming GEMM: ineligible problem (M = ", a.m, ", K = ", a.k,
-              "; needs 1 <= M <= ", kStreamGemmMaxM, " and 16-byte aligned rows)");
-  LOCUS_CHECK(a.num_parts >= 1 && a.num_parts <= kStreamGemmMaxParts, "streaming GEMM: ", a.num_parts,
+void check_stream_gemm_parts(const StreamGemmArgs& a, const char* kernel) {
+  LOCUS_CHECK(a.num_parts >= 1 && a.num_parts <= kStreamGemmMaxParts, kernel, ": ", a.num_parts,
               " weight parts (1..", kStreamGemmMaxParts, ")");
-  LOCUS_CHECK(a.num_domains >= 1 && a.num_domains <= kStreamGemmMaxDomains, "streaming GEMM: ", a.num_domains,
+  LOCUS_CHECK(a.num_domains >= 1 && a.num_domains <= kStreamGemmMaxDomains, kernel, ": ", a.num_domains,
               " domains (1..", kStreamGemmMaxDomains, ")");
   for (int i = 0; i < a.num_parts; ++i) {
     const StreamGemmPart& p = a.parts[i];
     LOCUS_CHECK(p.w != nullptr && p.rows >= 1 && p.batch >= 1 && p.y_offset >= 0 && p.domain >= 0 &&
                     p.domain < a.num_domains,
-                "streaming GEMM: part ", i, " is malformed (rows ", p.rows, ", batch ", p.batch, ", domain ", p.domain,
+                kernel, ": part ", i, " is malformed (rows ", p.rows, ", batch ", p.batch, ", domain ", p.domain,
                 ")");
-    LOCUS_CHECK(p.batch == 1 || a.format == StreamWeight::kBF16, "streaming GEMM: batched NVFP4 parts are not supported");
+    LOCUS_CHECK(p.batch == 1 || a.format == StreamWeight::kBF16, kernel, ": batched NVFP4 parts are not supported");
     LOCUS_CHECK(a.format == StreamWeight::kBF16 || (p.scales != nullptr && p.global_scale != nullptr),
-                "streaming GEMM: NVFP4 part ", i, " has no scales");
+                kernel, ": NVFP4 part ", i, " has no scales");
   }
+}
+
+void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
+  LOCUS_CHECK(stream_gemm_eligible(a), "streaming GEMM: ineligible problem (M = ", a.m, ", K = ", a.k,
+              "; needs 1 <= M <= ", kStreamGemmMaxM, " and 16-byte aligned rows)");
+  check_stream_gemm_parts(a, "streaming GEMM");
   if (a.format == StreamWeight::kNVFP4) {
     a.swiglu ? launch_for_m<StreamWeight::kNVFP4, 2>(a, stream) : launch_for_m<StreamWeight::kNVFP4, 1>(a, stream);
   } else {
