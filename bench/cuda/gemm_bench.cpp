@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
   cublasSetWorkspace(cub, cub_ws, 32 << 20);
   cublasSetStream(cub, s);
 
-  // LOCUS_NVFP4_WGMMA_MIN_M (0 when unset), restored after each streaming-kernel column.
-  const char* forced_env = std::getenv("LOCUS_NVFP4_WGMMA_MIN_M");
-  const int wgmma_forced = forced_env ? std::max(0, std::atoi(forced_env)) : 0;
+  // The wgmma kernel's M rule in force (LOCUS_NVFP4_WGMMA_MIN_M), restored after each
+  // streaming-kernel column.
+  const int wgmma_forced = cuda::detail::nvfp4_wgmma_forced_min_m();
   const double bw = copy_bandwidth(s);
   std::printf("device: %s, %d SMs, L2 %d MB; partitions (%s): %d + %d SMs; copy bandwidth %.0f GB/s\n",
               info.name.c_str(), info.sm_count, info.l2_bytes >> 20, split.c_str(), parts[0].sm_count, parts[1].sm_count,

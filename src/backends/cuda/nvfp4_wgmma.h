@@ -47,5 +47,6 @@ constexpr int kNvfp4WgmmaMinM = 33, kNvfp4WgmmaMinMShortK = 17;
 constexpr int64_t kNvfp4WgmmaShortK = 1536;
 bool nvfp4_use_wgmma(int64_t m, int64_t k);
 void set_nvfp4_wgmma_min_m(int m);
+int nvfp4_wgmma_forced_min_m();  // the N in force (0: the rule)
 
 }  // namespace locus::cuda::detail

@@ -402,13 +402,18 @@ void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-bool nvfp4_use_wgmma(int64_t m, int64_t k) {
+int nvfp4_wgmma_forced_min_m() {
   int forced = g_min_m.load();
   if (forced < 0) {
     const char* v = std::getenv("LOCUS_NVFP4_WGMMA_MIN_M");
     forced = v && *v ? std::max(1, std::atoi(v)) : 0;
     g_min_m.store(forced);
   }
+  return forced;
+}
+
+bool nvfp4_use_wgmma(int64_t m, int64_t k) {
+  const int forced = nvfp4_wgmma_forced_min_m();
   if (forced > 0) return m >= forced;
   return m >= kNvfp4WgmmaMinM || (m >= kNvfp4WgmmaMinMShortK && k <= kNvfp4WgmmaShortK);
 }
