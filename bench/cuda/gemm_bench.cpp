@@ -15,12 +15,18 @@
 //            says so, up to M = 64; dequantize + cuBLASLt above);
 //   fp4 mma  the same through the streaming (mma.sync) kernel, where fp4 takes the wgmma one;
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
-// and prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
+// The BMM rows (MLA's absorbed products, H = 128) time plain cuBLAS (strided batched), the op
+// (cuda::bmm: cuBLASLt), the TMA-fed kernel (bmm_tma.h, M <= 64) with [N, K] and with [K, N]
+// weights, ops::bmm_partitioned over the 2 domains (the faster, timed once, of the kernel's
+// domain-aware launch and a fork/join of cuBLASLt calls), that launch alone and that fork/join alone.
+// It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]
-// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --m: the
-// table's M values. --tuning: the
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R]
+//                        [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]
+// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
+// BMM rows. --bmm-tuning: the TMA BMM's units per head and ring slots, as in BmmTmaTuning. --m: the
+// M values of the table and the BMM rows. --tuning: the
 // streaming kernel's units per CTA, warps per CTA, ring depth and dependent launch (1/0) for the
 // table, as in StreamGemmTuning; fields left out keep their defaults)
 #include <cublas_v2.h>
@@ -37,6 +43,7 @@
 #include <vector>
 
 #include "backends/cuda/bf16_gemm.h"
+#include "backends/cuda/bmm_tma.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
@@ -92,19 +99,21 @@ ops::Nvfp4Weight half_rows(const ops::Nvfp4Weight& w, int which) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string split = "backfill", out_path, only_shape, tuning_arg, m_list;
-  bool quick = false, sweep = false;
+  std::string split = "backfill", out_path, only_shape, tuning_arg, m_list, bmm_tuning_arg;
+  bool quick = false, sweep = false, bmm_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--split" && i + 1 < argc) split = argv[++i];
     else if (a == "--quick") quick = true;
     else if (a == "--sweep") sweep = true;
+    else if (a == "--bmm") bmm_only = true;
+    else if (a == "--bmm-tuning" && i + 1 < argc) bmm_tuning_arg = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
     else if (a == "--shape" && i + 1 < argc) only_shape = argv[++i];
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -160,7 +169,15 @@ int main(int argc, char** argv) {
     }
     shapes = sweep_shapes = {{n, k}};
   }
+  if (bmm_only) shapes.clear();
 
+  cuda::detail::BmmTmaTuning bmm_tuning{};
+  if (!bmm_tuning_arg.empty() &&
+      std::sscanf(bmm_tuning_arg.c_str(), "%d,%d", &bmm_tuning.splits, &bmm_tuning.slots) < 1) {
+    std::fprintf(stderr, "--bmm-tuning must be S[,R] (units per head, ring slots), got '%s'\n", bmm_tuning_arg.c_str());
+    return 2;
+  }
+  cuda::detail::set_bmm_tma_tuning(bmm_tuning);
   cuda::detail::StreamGemmTuning table_tuning{};
   if (!tuning_arg.empty() && std::sscanf(tuning_arg.c_str(), "%d,%d,%d,%d", &table_tuning.units_per_cta, &table_tuning.warps,
                                          &table_tuning.stages, &table_tuning.dependent_launch) < 2) {
@@ -289,8 +306,9 @@ int main(int argc, char** argv) {
 
   // MLA absorbed BMMs (H = 128 heads, per-head weights [N, K]): q_nope x W_UK^T and o_lat x W_UV^T.
   std::string bmm_md =
-      "\n| BMM (H x N x K) | M | cuBLAS us | ours us | ours/cuBLAS speed | ours GB/s | part us | unpart/part |\n"
-      "|---|---|---|---|---|---|---|---|\n";
+      "\n| BMM (H x N x K) | M | cuBLAS us | ours us | ours/cuBLAS speed | TMA kernel us | TMA [K, N] us | TMA GB/s | "
+      "part us | unpart/part | TMA part us | fork/join part us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n";
   const auto bmm_shapes = only_shape.empty() ? std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}
                                              : std::vector<std::pair<int64_t, int64_t>>{};
   for (auto [N, K] : bmm_shapes) {
@@ -302,35 +320,54 @@ int main(int argc, char** argv) {
       w[r] = Tensor::empty({H, N, K}, DType::kBF16, dev);
       fill_random_bf16(w[r], rng);
     }
+    std::vector<Tensor> w_kn(R);  // weights stored [H, K, N] (MLA's k_b layout)
     std::vector<std::vector<Tensor>> shards(R);
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      w_kn[r] = Tensor::empty({H, K, N}, DType::kBF16, dev);
+      fill_random_bf16(w_kn[r], rng);
       shards[r] = {w[r].slice(0, 0, H / 2).clone().transpose(1, 2), w[r].slice(0, H / 2, H).clone().transpose(1, 2)};
+    }
     const std::vector<ops::PartitionSlice> hslices = {{0, H / 2, Stream{dev, parts[0].stream}},
                                                       {H / 2, H, Stream{dev, parts[1].stream}}};
-    for (int64_t M : quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 8, 16, 32, 128}) {
+    const std::vector<cuda::DomainSlice> dslices = {{0, H / 2, parts[0].stream}, {H / 2, H, parts[1].stream}};
+    const std::vector<int64_t> bmm_ms = !m_list.empty() ? ms : quick ? std::vector<int64_t>{1, 16} : std::vector<int64_t>{1, 8, 16, 32, 64, 128};
+    for (int64_t M : bmm_ms) {
       Tensor xa = Tensor::empty({M, H, K}, DType::kBF16, dev), ya = Tensor::empty({M, H, N}, DType::kBF16, dev);
       fill_random_bf16(xa, rng);
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
       const float alpha = 1.f, beta = 0.f;
       InterleavedTimer timer(s);
-      double t_cublas = 0, t_ours = 0, t_part = 0;
+      double t_cublas = 0, t_ours = 0, t_tma = 0, t_tma_kn = 0, t_part = 0, t_tma_part = 0, t_forkjoin = 0;
       timer.add(&t_cublas, R, [&](int r) {
         cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
                                    a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
       timer.add(&t_ours, R, [&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
+      const bool tma = cuda::bmm_tma(a, w[0].transpose(1, 2), y, s);  // M <= 64
+      if (tma) {
+        timer.add(&t_tma, R, [&](int r) { cuda::bmm_tma(a, w[r].transpose(1, 2), y, s); });
+        timer.add(&t_tma_kn, R, [&](int r) { cuda::bmm_tma(a, w_kn[r], y, s); });
+        timer.add(&t_tma_part, R, [&](int r) { cuda::bmm_tma_domains(a, shards[r], y, dslices, caller.native); });
+      }
       timer.add(&t_part, R, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      cuda::set_bmm_tma_enabled(false);  // the partitioned op as a fork/join of cuBLASLt calls
+      timer.add(&t_forkjoin, R, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
+      cuda::set_bmm_tma_enabled(true);
       timer.run(30);
       const double io = double(M) * H * (K + N) * 2;
-      std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) %5.0f GB/s | part %7.1f (unpart/part %.2f)\n",
+      std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) | TMA %7.1f, [K,N] %7.1f, %5.0f GB/s | "
+                  "part %7.1f (unpart/part %.2f) | TMA part %7.1f | fork/join %7.1f\n",
                   (long long)H, (long long)N, (long long)K, (long long)M, t_cublas * 1e6, t_ours * 1e6, t_cublas / t_ours,
-                  (wbytes + io) / t_ours * 1e-9, t_part * 1e6, t_ours / t_part);
+                  t_tma * 1e6, t_tma_kn * 1e6, tma ? (wbytes + io) / t_tma * 1e-9 : 0.0, t_part * 1e6, t_ours / t_part,
+                  t_tma_part * 1e6, t_forkjoin * 1e6);
       std::fflush(stdout);
-      char line[256];
-      std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %lld | %s | %s | %.2f | %.0f | %s | %.2f |\n", (long long)H,
-                    (long long)N, (long long)K, (long long)M, us(t_cublas).c_str(), us(t_ours).c_str(), t_cublas / t_ours,
-                    (wbytes + io) / t_ours * 1e-9, us(t_part).c_str(), t_ours / t_part);
+      char line[320];
+      std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %lld | %s | %s | %.2f | %s | %s | %s | %s | %.2f | %s | %s |\n",
+                    (long long)H, (long long)N, (long long)K, (long long)M, us(t_cublas).c_str(), us(t_ours).c_str(),
+                    t_cublas / t_ours, us(t_tma).c_str(), us(t_tma_kn).c_str(),
+                    tma ? std::to_string(static_cast<int>((wbytes + io) / t_tma * 1e-9)).c_str() : "-", us(t_part).c_str(),
+                    t_ours / t_part, us(t_tma_part).c_str(), us(t_forkjoin).c_str());
       bmm_md += line;
     }
   }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cp_async.cuh"
-#include "bulk_copy.cuh"
+#include "backends/cuda/tma.cuh"
 #include "probe_timing.h"
 #include <cudaTypedefs.h>
 

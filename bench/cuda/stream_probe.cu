@@ -17,7 +17,7 @@
 
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/mma_fragments.cuh"
-#include "bulk_copy.cuh"
+#include "backends/cuda/tma.cuh"
 #include "probe_timing.h"
 
 using namespace locus::cuda::detail;

@@ -3,6 +3,7 @@
 #include "ops/partitioned.h"
 
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -167,10 +168,15 @@ bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards,
   return cuda::nvfp4_gemm_domains(x, shards, bias, y, swiglu, domain_slices(slices, caller), caller.native);
 }
 
+// The BMM's one-launch form, where one applies: the TMA kernel's (or the fork/join, if timed
+// faster), else the streaming kernel's when LOCUS_STREAM_GEMM_BF16_MAX_M admits M.
 bool cuda_bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
-                      const std::vector<PartitionSlice>& slices, const Stream& caller) {
-  if (!a.device().is_cuda() || a.size(1) > cuda::stream_gemm_bf16_max_m()) return false;
-  return cuda::bmm_domains(a, b_shards, y, domain_slices(slices, caller), caller.native);
+                      const std::vector<PartitionSlice>& slices, const Stream& caller,
+                      const std::function<void()>& fork_join) {
+  if (!a.device().is_cuda()) return false;
+  const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
+  if (cuda::bmm_partitioned_fastest(a, b_shards, y, domains, caller.native, fork_join)) return true;
+  return a.size(1) <= cuda::stream_gemm_bf16_max_m() && cuda::bmm_domains(a, b_shards, y, domains, caller.native);
 }
 #else
 bool cuda_bf16_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const Tensor&, bool,
@@ -182,7 +188,7 @@ bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Te
   return false;
 }
 bool cuda_bmm_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const std::vector<PartitionSlice>&,
-                      const Stream&) {
+                      const Stream&, const std::function<void()>&) {
   return false;
 }
 #endif
@@ -302,12 +308,15 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
     LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
                 " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
   }
-  if (cuda_bmm_domains(a, b_shards, y, slices, caller)) return;
   const std::vector<Stream> streams = streams_of(slices, caller);
-  run_partitioned(caller, streams, [&](int p) {
-    const PartitionSlice& s = slices[p];
-    bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
-  });
+  auto fork_join = [&] {
+    run_partitioned(caller, streams, [&](int p) {
+      const PartitionSlice& s = slices[p];
+      bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
+    });
+  };
+  if (cuda_bmm_domains(a, b_shards, y, slices, caller, fork_join)) return;
+  fork_join();
 }
 
 }  // namespace locus::ops

@@ -210,23 +210,12 @@ TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
 }
 
 // Domain-aware launches over two green-context partitions.
-class CudaStreamDomains : public ::testing::Test {
+class CudaStreamDomains : public CudaTwoDomains {
  protected:
-  void SetUp() override {
-    LOCUS_REQUIRE_GPU();
-    parts_ = cuda::create_sm_partitions(0, 2, cuda::SplitMode::kBackfill);
-    ASSERT_EQ(cudaStreamCreateWithFlags(&caller_, cudaStreamNonBlocking), cudaSuccess);
-  }
-  void TearDown() override {
-    if (caller_) cudaStreamDestroy(caller_);
-    cuda::destroy_sm_partitions(parts_);
-  }
   // Rows [0, n0) on domain 0, [n0, n) on domain 1.
   std::vector<cuda::DomainSlice> slices(int64_t n0, int64_t n) const {
     return {{0, n0, parts_[0].stream}, {n0, n, parts_[1].stream}};
   }
-  std::vector<cuda::SmPartition> parts_;
-  cudaStream_t caller_ = nullptr;
 };
 
 TEST_F(CudaStreamDomains, Bf16ShardsInOneLaunchMatchTheWholeWeight) {
@@ -315,17 +304,6 @@ TEST_F(CudaStreamDomains, Nvfp4SwigluShardsInOneLaunch) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
   EXPECT_LT(rel_error(fetch(y), ref), bf16_gemm_tolerance(K));
-}
-
-// fp64 reference of y[h] = a[h] w[h]^T for per-head weights w [H, N, K].
-std::vector<double> ref_bmm_nk(const Tensor& a, const Tensor& w) {
-  const int64_t H = a.size(0), M = a.size(1), K = a.size(2), N = w.size(1);
-  std::vector<double> out(static_cast<size_t>(H * M * N));
-  for (int64_t h = 0; h < H; ++h) {
-    const auto r = ref_gemm(a.select(0, h).clone(), w.select(0, h).clone());
-    std::copy(r.begin(), r.end(), out.begin() + h * M * N);
-  }
-  return out;
 }
 
 // The MLA absorbed products: activations and outputs are [T, H, D] buffers viewed as [H, T, D].

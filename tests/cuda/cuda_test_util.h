@@ -1,5 +1,9 @@
 // Helpers for the GPU tests: skip without a device, fp64 references, random NVFP4 weights.
 #pragma once
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -79,5 +83,32 @@ inline std::vector<double> dequant_ref(const ops::Nvfp4Weight& w) {
   return out;
 }
 
+// fp64 reference of y[h] = a[h] w[h]^T for a [H, M, K] and per-head weights w [H, N, K] (CPU).
+inline std::vector<double> ref_bmm_nk(const Tensor& a, const Tensor& w) {
+  const int64_t H = a.size(0), M = a.size(1), N = w.size(1);
+  std::vector<double> out(static_cast<size_t>(H * M * N));
+  for (int64_t h = 0; h < H; ++h) {
+    const auto r = ref_gemm(a.select(0, h).clone(), w.select(0, h).clone());
+    std::copy(r.begin(), r.end(), out.begin() + h * M * N);
+  }
+  return out;
+}
+
+// Two emulated locality domains (green-context SM partitions, backfill split) and a caller
+// stream, for the tests of single-launch partitioned kernels.
+class CudaTwoDomains : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LOCUS_REQUIRE_GPU();
+    parts_ = cuda::create_sm_partitions(0, 2, cuda::SplitMode::kBackfill);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&caller_, cudaStreamNonBlocking), cudaSuccess);
+  }
+  void TearDown() override {
+    if (caller_) cudaStreamDestroy(caller_);
+    cuda::destroy_sm_partitions(parts_);
+  }
+  std::vector<cuda::SmPartition> parts_;
+  cudaStream_t caller_ = nullptr;
+};
 
 }  // namespace locus::testing

@@ -3,6 +3,10 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "core/error.h"
 
 #define LOCUS_CUDA_CHECK(call)                                                                  \
@@ -31,6 +35,19 @@ namespace locus::cuda {
 inline void use_device(int index) {
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess || cur != index) LOCUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+// cudaDeviceGetAttribute, asked once per device and attribute (the kernels' dispatch asks on
+// every call).
+inline int device_attribute(int device, cudaDeviceAttr attribute) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({device, static_cast<int>(attribute)});
+  if (it != known.end()) return it->second;
+  int value = 0;
+  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return known[{device, static_cast<int>(attribute)}] = value;
 }
 
 }  // namespace locus::cuda

@@ -3,6 +3,7 @@
 // (nullptr = the legacy default stream). Only compiled when LOCUS_WITH_CUDA is defined.
 // No CUDA header is included here, so host code in other layers can include this file.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -66,6 +67,24 @@ bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream)
 // weights b_shards[p] ([n1 - n0, K, N], transposed views); false when not eligible.
 bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                  const std::vector<DomainSlice>& slices, void* caller);
+// BMM y[h] = a[h] b[h] (ops/bmm.h shapes) by the TMA-fed decode kernel (bmm_tma.h): b row-major
+// [B, K, N] or a transposed view of per-head [N, K] weights, M <= 64, K <= 512, on an sm_90 GPU;
+// false (nothing launched) otherwise, or when LOCUS_BMM_TMA=0. cuda::bmm does not use it (on the
+// H200 cuBLASLt is faster unpartitioned); the partitioned BMM does (bmm_partitioned_fastest).
+bool bmm_tma(const Tensor& a, const Tensor& b, const Tensor& y, void* stream);
+// Turns bmm_tma (and bmm_tma_domains) off or on again for the calls that follow (benchmarks
+// compare it with cuBLASLt); the default is on unless LOCUS_BMM_TMA=0.
+void set_bmm_tma_enabled(bool on);
+// The same partitioned over heads as one domain-aware launch (slice p = heads [n0, n1) with
+// weights b_shards[p], all laid out alike). Bitwise equal to bmm_tma.
+bool bmm_tma_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                     const std::vector<DomainSlice>& slices, void* caller);
+// The partitioned BMM where bmm_tma_domains can take it: by the faster of that launch and
+// `fork_join` (the caller's fork/join of per-partition cuBLASLt calls), timed once per problem
+// (path_choice.h). False, with nothing run, when the kernel cannot take it.
+bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
+                             const std::vector<DomainSlice>& slices, void* caller,
+                             const std::function<void()>& fork_join);
 // NVFP4 (prepared shards), M <= kNvfp4StreamMaxM, by the streaming or the wgmma kernel (as
 // nvfp4_gemm chooses); false when M is larger or a fused gate/up shard's up rows do not start on
 // a 16-row tile.

@@ -50,6 +50,7 @@ const DriverApi& driver() {
                          resolve("cuGreenCtxDestroy", api.cuGreenCtxDestroy) &&
                          resolve("cuGreenCtxStreamCreate", api.cuGreenCtxStreamCreate) &&
                          resolve("cuStreamDestroy", api.cuStreamDestroy);
+    resolve("cuTensorMapEncodeTiled", api.cuTensorMapEncodeTiled);
   });
   if (!failure.empty()) LOCUS_THROW(failure);
   return api;

@@ -17,6 +17,7 @@ struct DriverApi {
   decltype(&::cuGreenCtxDestroy) cuGreenCtxDestroy = nullptr;
   decltype(&::cuGreenCtxStreamCreate) cuGreenCtxStreamCreate = nullptr;
   decltype(&::cuStreamDestroy) cuStreamDestroy = nullptr;
+  decltype(&::cuTensorMapEncodeTiled) cuTensorMapEncodeTiled = nullptr;  // nullptr before CUDA 12
   bool green_contexts = false;  // all green-context entry points resolved
 };
 

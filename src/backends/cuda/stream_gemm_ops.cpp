@@ -3,17 +3,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/domain_table.h"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_wgmma.h"
-#include "backends/cuda/persistent_alloc.h"
 #include "backends/cuda/stream_gemm.h"
-#include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda {
 namespace {
@@ -21,7 +18,6 @@ namespace {
 using detail::StreamGemmArgs;
 using detail::StreamGemmPart;
 using detail::StreamWeight;
-using detail::persistent_device_alloc;
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -37,56 +33,17 @@ int bf16_max_m() {
   return m;
 }
 
-
-// The %smid -> domain table of a set of partition streams (domain i = streams[i]), built once per
-// set from the SM ids the green-context probe recorded; nullptr when no stream is a partition
-// stream (then every SM counts as domain 0 and the other domains' work is taken by stealing).
-const uint8_t* sm_domain_table(const std::vector<void*>& streams) {
-  static std::mutex mu;
-  static auto* tables = new std::map<std::vector<uint64_t>, const uint8_t*>();
-  int dev = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  // Keyed by device and registration serials, not stream handles (handles are reused).
-  std::vector<uint64_t> key{static_cast<uint64_t>(dev)};
-  for (void* s : streams) key.push_back(detail::partition_stream_serial(s));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = tables->find(key);
-  if (it != tables->end()) return it->second;
-  std::vector<uint8_t> host(1024, detail::kNoDomain);
-  bool any = false;
-  for (size_t d = 0; d < streams.size(); ++d) {
-    for (int sm : detail::partition_stream_smids(streams[d])) {
-      if (sm >= 0 && sm < 1024) {
-        host[sm] = static_cast<uint8_t>(d);
-        any = true;
-      }
-    }
-  }
-  const uint8_t* table =
-      any ? static_cast<const uint8_t*>(persistent_device_alloc(host.size(), host.data(), "uploading the SM-to-domain table"))
-          : nullptr;
-  (*tables)[key] = table;
-  return table;
-}
-
 // Several partition streams: their domains and SM table (one or none: every SM is domain 0).
 void set_domains(StreamGemmArgs* a, const std::vector<void*>& streams) {
   if (streams.size() <= 1) return;
   a->num_domains = static_cast<int32_t>(streams.size());
-  a->sm_domain = sm_domain_table(streams);
+  a->sm_domain = detail::sm_domain_table(streams);
 }
 
 // Whether the device runs the sm_90a wgmma code (a Hopper GPU; other GPUs get only portable PTX).
 bool has_wgmma(int device) {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int major = 0, minor = 0;
-  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return known[device] = major == 9 && minor == 0;
+  return device_attribute(device, cudaDevAttrComputeCapabilityMajor) == 9 &&
+         device_attribute(device, cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
 // Fills x, y and the flags shared by every call.
@@ -149,20 +106,9 @@ void launch_row_blocks(StreamGemmArgs a, cudaStream_t stream) {
   }
 }
 
-// Domain ids for slices: the i-th distinct stream is domain i.
+// The streaming kernels' domains of the slices (domain_table.h).
 bool assign_domains(const std::vector<DomainSlice>& slices, std::vector<int>* domain_of, std::vector<void*>* streams) {
-  for (const DomainSlice& s : slices) {
-    int d = -1;
-    for (size_t i = 0; i < streams->size(); ++i)
-      if ((*streams)[i] == s.stream) d = static_cast<int>(i);
-    if (d < 0) {
-      d = static_cast<int>(streams->size());
-      streams->push_back(s.stream);
-    }
-    domain_of->push_back(d);
-  }
-  return static_cast<int>(slices.size()) <= detail::kStreamGemmMaxParts &&
-         static_cast<int>(streams->size()) <= detail::kStreamGemmMaxDomains;
+  return detail::assign_domains(slices, detail::kStreamGemmMaxParts, detail::kStreamGemmMaxDomains, domain_of, streams);
 }
 
 // A BMM whose weights are per-head [N, K] rows (b a transposed view, stride(1) == 1): heads [h0, h1)

@@ -1,0 +1,598 @@
+// The MLA decode BMM fed by TMA (bmm_tma.h).
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "backends/cuda/bmm_tma.h"
+#include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/driver_api.h"
+#include "backends/cuda/mma_fragments.cuh"
+#include "backends/cuda/persistent_alloc.h"
+#include "backends/cuda/stream_gemm.h"
+#include "backends/cuda/stream_scratch.h"
+#include "backends/cuda/tma.cuh"
+#include "backends/cuda/unit_queue.cuh"
+#include "backends/cuda/wgmma.cuh"
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int kConsumerWarps = 4;
+constexpr int kThreads = 32 * (kConsumerWarps + 1);  // + the producer warp
+constexpr int kSlotRows = 16 * kConsumerWarps;       // weight rows per slot: a 16-row tile per consumer warp
+constexpr int kBoxK = 64;                            // 128 bytes: the swizzle span
+constexpr int kRowBytes = 128;                       // every box row in shared memory
+constexpr int kMaxSlots = 8;
+constexpr int kXBuffers = 2;
+constexpr int kMaxKnBoxRows = 256;                   // a TMA box has at most 256 rows
+
+struct BmmMaps {
+  CUtensorMap y;                     // dims {N, M, H}, boxes {64, m_pad, 1} (no swizzle)
+  CUtensorMap x;                     // dims {K, M, H}
+  CUtensorMap w[kBmmTmaMaxParts];    // dims {K, N, heads} or, n_contiguous, {N, K, heads}
+};
+
+struct BmmPlan {
+  int32_t k_pad;                            // K rounded up to 64
+  int32_t kn_box_rows;                      // n_contiguous: K rows per weight box
+  int32_t slot_bytes, x_bytes;              // per slot (64 rows x k_pad) and per x buffer (m_pad x k_pad)
+  int32_t out_bytes;                        // per output staging buffer (m_pad x 64 outputs)
+  int32_t slots, x_buffers;
+  int32_t unit_rows, row_blocks;            // rows per unit (a multiple of 64) and units per head
+  int32_t units[kBmmTmaMaxDomains];         // per domain: its parts' units end to end
+  int32_t part_unit0[kBmmTmaMaxParts];      // a part's first unit in its domain
+  unsigned* counters;                       // kQueuedUnits: per domain, 0 between launches
+  unsigned* claims;                         // kRankUnits: [domain][rank] launches that claimed it
+  unsigned long long* arrivals;             // kRankUnits: CTAs started, all launches
+  int32_t mode;                             // how units reach CTAs (kStaticUnits, ...)
+  int32_t total_ctas, static_first, counted;
+};
+
+// How the units reach the CTAs (bmm_tma.h): statically by block index (one domain), by SM rank
+// within each domain, or from per-domain atomic counters.
+enum : int32_t { kStaticUnits = 0, kRankUnits = 1, kQueuedUnits = 2 };
+constexpr int kMaxRanks = 256;  // per domain (ranks are bytes)
+
+// What the producer tells the consumers about a slot: its first row and head, its x buffer and
+// that buffer's fill phase, whether it is its unit's first / last slot; row0 < 0 ends the loop.
+struct SlotInfo {
+  int32_t row0, head, x_buffer, flags;
+};
+// kSpeculative: copied before the CTA's rank was claimed; written out only if the claim held.
+constexpr int kFirstSlot = 1, kLastSlot = 2, kXPhase = 4, kSpeculative = 8;
+
+struct Smem {
+  uint64_t w_full[kMaxSlots], w_empty[kMaxSlots], x_full[kXBuffers], x_empty[kXBuffers];
+  uint64_t claimed;  // completes once the producer knows whether the speculative unit is this CTA's
+  SlotInfo info[kMaxSlots];
+  int32_t claim_held;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The part, head within it and row block of unit u of `domain`.
+__device__ __forceinline__ int decode_unit(const BmmTmaArgs& a, const BmmPlan& pl, int domain, int u, int* head,
+                                           int* block) {
+  int p = 0;
+  for (int i = 0; i < a.num_parts; ++i)
+    if (a.parts[i].domain == domain && u >= pl.part_unit0[i] && u < pl.part_unit0[i] + a.parts[i].heads * pl.row_blocks)
+      p = i;
+  const int local = u - pl.part_unit0[p];
+  *head = local / pl.row_blocks;
+  *block = local % pl.row_blocks;
+  return p;
+}
+
+// Asks L2 for the weights of a unit (the span from its first to its last element), without
+// waiting for the previous kernel: weights are not its outputs.
+template <bool kNC>
+__device__ __forceinline__ void prefetch_unit(const BmmTmaArgs& a, const BmmPlan& pl, int p, int head, int block) {
+  const BmmTmaPart& part = a.parts[p];
+  const int r0 = block * pl.unit_rows, r1 = min(a.n, r0 + pl.unit_rows);
+  const char* base = static_cast<const char*>(part.w) + 2 * head * part.w_head_stride;
+  const int64_t first = kNC ? r0 : r0 * part.w_row_stride;
+  const int64_t last = kNC ? (a.k - 1) * part.w_row_stride + r1 : (r1 - 1) * part.w_row_stride + a.k;
+  const int64_t bytes = ((last - first) * 2 + 15) & ~int64_t{15};
+  if (bytes <= (int64_t{1} << 20)) prefetch_l2_bulk(base + (first * 2 & ~int64_t{15}), static_cast<uint32_t>(bytes));
+}
+
+// The producer (one thread): per unit, the head's activations into the next x buffer, then the
+// unit's rows into the next slots.
+template <bool kNC>
+struct Producer {
+  const BmmTmaArgs& a;
+  const BmmPlan& pl;
+  const BmmMaps& maps;
+  Smem& s;
+  uint32_t x_base, w_base;
+  uint32_t item = 0, xi = 0;  // slots and x buffers filled so far
+
+  __device__ void issue(int domain, int unit, int extra_flags) {
+    int head, block;
+    const int p = decode_unit(a, pl, domain, unit, &head, &block);
+    const int gh = a.parts[p].head0 + head;
+    const int k_boxes = pl.k_pad / kBoxK;
+    const int xb = static_cast<int>(xi % pl.x_buffers);
+    if (xi >= static_cast<uint32_t>(pl.x_buffers)) mbar_wait(smem_addr(&s.x_empty[xb]), (xi / pl.x_buffers - 1) & 1);
+    const uint32_t x_full = smem_addr(&s.x_full[xb]), x_dst = x_base + xb * pl.x_bytes;
+    mbar_expect(x_full, pl.x_bytes);
+    for (int kb = 0; kb < k_boxes; ++kb) tensor_copy_3d(x_dst + kb * (pl.x_bytes / k_boxes), &maps.x, kb * kBoxK, 0, gh, x_full);
+    const int r0 = block * pl.unit_rows, r1 = min(a.n, r0 + pl.unit_rows);
+    for (int row0 = r0; row0 < r1; row0 += kSlotRows, ++item) {
+      const int sl = static_cast<int>(item % pl.slots);
+      if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+      const int flags = (row0 == r0 ? kFirstSlot : 0) | (row0 + kSlotRows >= r1 ? kLastSlot : 0) |
+                        ((xi / pl.x_buffers) & 1 ? kXPhase : 0) | extra_flags;
+      s.info[sl] = SlotInfo{row0, gh, xb, flags};
+      const uint32_t full = smem_addr(&s.w_full[sl]), dst = w_base + sl * pl.slot_bytes;
+      mbar_expect(full, pl.slot_bytes);
+      if (kNC) {
+        for (int kr = 0; kr < pl.k_pad; kr += pl.kn_box_rows)
+          tensor_copy_3d(dst + kr * kRowBytes, &maps.w[p], row0, kr, head, full);
+      } else {
+        for (int kb = 0; kb < k_boxes; ++kb)
+          tensor_copy_3d(dst + kb * kSlotRows * kRowBytes, &maps.w[p], kb * kBoxK, row0, head, full);
+      }
+    }
+    ++xi;
+  }
+
+  // Asks L2 for a unit's weights before the previous kernel ends (weights are not its outputs).
+  __device__ void prefetch(int domain, int unit) const {
+    int head, block;
+    const int p = decode_unit(a, pl, domain, unit, &head, &block);
+    prefetch_unit<kNC>(a, pl, p, head, block);
+  }
+
+  // The slot after the last one says "no more".
+  __device__ void finish() {
+    const int sl = static_cast<int>(item % pl.slots);
+    if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+    s.info[sl].row0 = -1;
+    mbar_arrive(smem_addr(&s.w_full[sl]));
+  }
+};
+
+// Claims a rank for launch `launch`, own domain first: true when rank (*domain, *rank) was free.
+__device__ __forceinline__ bool claim_rank(const BmmTmaArgs& a, const BmmPlan& pl, unsigned launch, int domain, int rank) {
+  return atomicCAS(pl.claims + domain * kMaxRanks + rank, launch, launch + 1) == launch;
+}
+__device__ void claim_any_rank(const BmmTmaArgs& a, const BmmPlan& pl, unsigned launch, int* domain, int* rank) {
+  const int home = *domain >= 0 ? *domain : 0;
+  for (int i = 0; i < a.num_domains; ++i) {
+    const int d = (home + i) % a.num_domains;
+    for (int r = 0; r < a.domain_sms[d]; ++r)
+      if (claim_rank(a, pl, launch, d, r)) {
+        *domain = d;
+        *rank = r;
+        return;
+      }
+  }
+  *domain = -1;  // unreachable: a launch has as many CTAs as ranks
+}
+
+template <bool kNC>
+__device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& maps, Smem& s, uint32_t x_base,
+                        uint32_t w_base) {
+  Producer<kNC> pr{a, pl, maps, s, x_base, w_base};
+  if (pl.mode == kStaticUnits) {
+    const int first = static_cast<int>(blockIdx.x);
+    pr.prefetch(0, first);
+    wait_for_previous_grid();  // before the activations
+    for (int u = first; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
+  } else if (pl.mode == kRankUnits) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    int domain = smid < 1024 ? a.sm_domain[smid] : kNoDomain, rank = smid < 1024 ? a.sm_rank[smid] : 0;
+    const bool guess = domain < a.num_domains && rank < a.domain_sms[domain];
+    if (!guess) domain = -1;
+    const bool speculate = guess && rank < pl.units[domain];
+    if (speculate) pr.prefetch(domain, rank);
+    wait_for_previous_grid();  // before the activations and the claims
+    // Every launch adds total_ctas arrivals and claims every rank once: the launch's number. The
+    // arrival is asked first; its answer is needed only after the first unit's copies are issued.
+    const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
+    if (speculate) pr.issue(domain, rank, kSpeculative);
+    const unsigned launch = static_cast<unsigned>(arrival / pl.total_ctas);
+    const bool held = guess && claim_rank(a, pl, launch, domain, rank);
+    if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
+    s.claim_held = held;
+    mbar_arrive(smem_addr(&s.claimed));
+    if (domain >= 0)
+      for (int u = held ? rank + a.domain_sms[domain] : rank; u < pl.units[domain]; u += a.domain_sms[domain])
+        pr.issue(domain, u, 0);
+  } else {
+    UnitQueue<BmmPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
+    wait_for_previous_grid();  // before the counters and the activations
+    int domain, unit;
+    q.first(&domain, &unit);
+    for (; domain >= 0; q.take(&domain, &unit)) pr.issue(domain, unit, 0);
+  }
+  pr.finish();
+}
+
+// A barrier of the consumer warps alone (named barrier 1; the producer never waits on it).
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+}
+__device__ __forceinline__ void sts16(uint32_t addr, unsigned short v) {
+  asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
+}
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+
+// A consumer warp: rows 16 warp .. 16 warp + 15 of every slot, NT groups of 8 tokens.
+template <int NT, bool kNC>
+__device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& maps, Smem& s, uint32_t x_base,
+                        uint32_t w_base, uint32_t out_base, int warp, int lane) {
+  constexpr int kMPad = 8 * NT;
+  const int steps = pl.k_pad / 16;
+  // Per-lane parts of the ldmatrix addresses (128-byte swizzle: chunk c of row r sits at
+  // r * 128 + ((c ^ (r % 8)) * 16) within each 1024-byte aligned box).
+  const int sw = lane & 7, quad = lane >> 3;
+  uint32_t a_off[4];  // weights, per k step within a 64-K box ([N, K]) or per k step ([K, N])
+  if (kNC) {
+    // matrix q: k rows 8 (q >> 1) + sw, n chunk 2 warp + (q & 1); .trans turns them into A fragments
+    a_off[0] = (8 * (quad >> 1) + sw) * kRowBytes + (((2 * warp + (quad & 1)) ^ sw) << 4);
+  } else {
+    // rows 16 warp + (lane & 15), chunk 2 step + (lane >> 4)
+    const int row = 16 * warp + (lane & 15);
+#pragma unroll
+    for (int st = 0; st < 4; ++st) a_off[st] = row * kRowBytes + (((2 * st + (lane >> 4)) ^ sw) << 4);
+  }
+  // Activations: matrix q = token group (q >> 1) of a pair, chunk 2 step + (q & 1).
+  uint32_t b_off[4];
+#pragma unroll
+  for (int st = 0; st < 4; ++st) b_off[st] = (8 * (quad >> 1) + sw) * kRowBytes + (((2 * st + (quad & 1)) ^ sw) << 4);
+  const int x_box = kMPad * kRowBytes;  // one 64-K box of the activations
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t stores = 0;  // output tiles stored so far (they alternate between two staging buffers)
+
+  for (uint32_t item = 0;; ++item) {
+    const int sl = static_cast<int>(item % pl.slots);
+    mbar_wait(smem_addr(&s.w_full[sl]), (item / pl.slots) & 1);
+    const SlotInfo info = s.info[sl];
+    if (info.row0 < 0) break;
+    if (info.flags & kFirstSlot) mbar_wait(smem_addr(&s.x_full[info.x_buffer]), (info.flags & kXPhase) ? 1 : 0);
+    const uint32_t w = w_base + sl * pl.slot_bytes, x = x_base + info.x_buffer * pl.x_bytes;
+    float acc[NT][4] = {};
+    // The warp's A fragments of k step kb * 4 + st.
+    auto load_a = [&](int kb, int st, uint32_t (&af)[4]) {
+      if (kNC) ldmatrix_x4_trans(w + (kb * 4 + st) * 16 * kRowBytes + a_off[0], af);
+      else ldmatrix_x4(w + kb * kSlotRows * kRowBytes + a_off[st], af);
+    };
+#if LOCUS_WGMMA
+    if constexpr (NT >= 4) {
+      // 32 or 64 tokens: per 64-K box, wgmma with the four k steps' A fragments from registers and
+      // the tokens straight from the swizzled x buffer; each box's group is waited for before the
+      // next box's fragments are loaded (a running wgmma reads its A registers).
+      float(&d)[NT * 4] = reinterpret_cast<float(&)[NT * 4]>(acc);
+      for (int kb = 0; kb < steps / 4; ++kb) {
+        uint32_t af[4][4];
+#pragma unroll
+        for (int st = 0; st < 4; ++st) load_a(kb, st, af[st]);
+        wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < 4; ++st)
+          wgmma_bf16_rs<NT>(d, af[st][0], af[st][1], af[st][2], af[st][3], wgmma_desc_k128(x + kb * x_box + 32 * st),
+                            kb > 0 || st > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+      }
+      wgmma_keep(d);
+    } else
+#endif
+    {
+      for (int kb = 0; kb < steps / 4; ++kb) {
+#pragma unroll
+        for (int st = 0; st < 4; ++st) {
+          uint32_t af[4];
+          load_a(kb, st, af);
+          const uint32_t xk = x + kb * x_box + b_off[st];
+          if constexpr (NT == 1) {
+            uint32_t bf[2];
+            ldmatrix_x2(xk, bf);
+            mma_bf16_16816(acc[0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+              uint32_t bf[4];
+              ldmatrix_x4(xk + j * 8 * kRowBytes, bf);
+              mma_bf16_16816(acc[j], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+              mma_bf16_16816(acc[j + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+            }
+          }
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) {
+      mbar_arrive(smem_addr(&s.w_empty[sl]));
+      if (info.flags & kLastSlot) mbar_arrive(smem_addr(&s.x_empty[info.x_buffer]));
+    }
+    if (info.flags & kSpeculative) {
+      mbar_wait(smem_addr(&s.claimed), 0);
+      if (!*static_cast<volatile int32_t*>(&s.claim_held)) continue;  // another CTA writes this unit
+    }
+    // acc[j]: rows g and g + 8 of the warp's tile, tokens 8 j + 2 t and + 1.
+    const int n_lo = 16 * warp + g;
+    if constexpr (NT <= 2) {  // up to 16 tokens: a few stores per lane, straight to y
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int n = info.row0 + n_lo + (e >> 1) * 8, m = 8 * j + 2 * t + (e & 1);
+          if (n >= a.n || m >= a.m) continue;
+          const int64_t at = info.head * a.y_head_stride + m * a.y_row_stride + n;
+          if (a.y_f32) static_cast<float*>(a.y)[at] = acc[j][e];
+          else static_cast<__nv_bfloat16*>(a.y)[at] = __float2bfloat16_rn(acc[j][e]);
+        }
+      continue;
+    }
+    // More tokens: the slot's outputs [m_pad tokens][64 rows] go to a staging buffer and out by one
+    // TMA store (whole lines; the tensor map drops what lies past M or N), not as 16-byte pieces.
+    // The buffer was last used two tiles ago: thread 0 waits for that store to have read it.
+    const uint32_t out = out_base + (stores & 1) * pl.out_bytes;
+    if (threadIdx.x == 0) bulk_wait_read<1>();
+    consumers_sync();
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int at = (8 * j + 2 * t + (e & 1)) * 64 + n_lo + (e >> 1) * 8;
+        if (a.y_f32) sts32(out + at * 4, __float_as_uint(acc[j][e]));
+        else sts16(out + at * 2, __bfloat16_as_ushort(__float2bfloat16_rn(acc[j][e])));
+      }
+    fence_proxy_async_shared();  // the writes are seen by the TMA store
+    consumers_sync();
+    if (threadIdx.x == 0) {
+      tensor_store_3d(&maps.y, out, info.row0, 0, info.head);
+      bulk_commit();
+    }
+    ++stores;
+  }
+  if (threadIdx.x == 0) bulk_wait_all();
+}
+
+template <int NT, bool kNC>
+__global__ void __launch_bounds__(kThreads, 1)
+    bmm_tma_kernel(const __grid_constant__ BmmTmaArgs a, const __grid_constant__ BmmPlan pl,
+                   const __grid_constant__ BmmMaps maps) {
+  extern __shared__ uint8_t smem[];
+  __shared__ Smem s;
+  const uint32_t x_base = (smem_addr(smem) + 1023u) & ~1023u;  // the swizzle needs 1024-byte aligned boxes
+  const uint32_t w_base = x_base + pl.x_buffers * pl.x_bytes;
+  const uint32_t out_base = w_base + pl.slots * pl.slot_bytes;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < pl.slots; ++i) {
+      mbar_init(smem_addr(&s.w_full[i]), 1);
+      mbar_init(smem_addr(&s.w_empty[i]), kConsumerWarps);
+    }
+    for (int i = 0; i < pl.x_buffers; ++i) {
+      mbar_init(smem_addr(&s.x_full[i]), 1);
+      mbar_init(smem_addr(&s.x_empty[i]), kConsumerWarps);
+    }
+    mbar_init(smem_addr(&s.claimed), 1);
+    mbar_init_fence();
+  }
+  if (warp == kConsumerWarps && lane == 0) {
+    prefetch_tensor_map(&maps.x);
+    prefetch_tensor_map(&maps.y);
+    for (int i = 0; i < a.num_parts; ++i) prefetch_tensor_map(&maps.w[i]);
+  }
+  __syncthreads();
+  launch_dependents();
+  if (warp == kConsumerWarps) {
+    if (lane == 0) produce<kNC>(a, pl, maps, s, x_base, w_base);
+    return;
+  }
+  wait_for_previous_grid();  // before the outputs are written
+  consume<NT, kNC>(a, pl, maps, s, x_base, w_base, out_base, warp, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// host side
+
+bool device_has_tma(int device) {
+  return device_attribute(device, cudaDevAttrComputeCapabilityMajor) >= 9 && driver().cuTensorMapEncodeTiled != nullptr;
+}
+
+int optin_smem(int device) { return device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin); }
+
+bool stride_ok(int64_t elements) { return elements > 0 && elements % 8 == 0 && elements < (int64_t{1} << 38); }
+bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A 3D BF16 (or fp32) tensor map, by default with 128-byte swizzled boxes; elements outside the
+// tensor read as zeros and are not written.
+CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
+                          const int (&box)[3], bool f32 = false, bool swizzle = true) {
+  CUtensorMap map{};
+  const int es = f32 ? 4 : 2;
+  const cuuint64_t d[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
+                           static_cast<cuuint64_t>(dims[2])};
+  const cuuint64_t st[2] = {static_cast<cuuint64_t>(strides[0] * es), static_cast<cuuint64_t>(strides[1] * es)};
+  const cuuint32_t b[3] = {static_cast<cuuint32_t>(box[0]), static_cast<cuuint32_t>(box[1]),
+                           static_cast<cuuint32_t>(box[2])};
+  const cuuint32_t one[3] = {1, 1, 1};
+  check_cu(driver().cuTensorMapEncodeTiled(&map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                           3, const_cast<void*>(base), d, st, b, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                           swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+           "cuTensorMapEncodeTiled (BMM)");
+  return map;
+}
+
+BmmTmaTuning g_tuning;
+
+int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+
+// Slot and buffer sizes for the problem; slots < 2 when it does not fit the device.
+BmmPlan size_plan(const BmmTmaArgs& a, int device) {
+  BmmPlan pl{};
+  pl.k_pad = (a.k + kBoxK - 1) / kBoxK * kBoxK;
+  const int kn_boxes = (pl.k_pad + kMaxKnBoxRows - 1) / kMaxKnBoxRows;
+  pl.kn_box_rows = pl.k_pad / kn_boxes;  // a multiple of 32: k_pad is of 64 and kn_boxes <= 2
+  pl.slot_bytes = kSlotRows * pl.k_pad * 2;
+  pl.x_bytes = 8 * m_groups(a.m) * pl.k_pad * 2;
+  pl.out_bytes = 8 * m_groups(a.m) * 64 * (a.y_f32 ? 4 : 2);
+  // 1024: alignment slack
+  const int budget = optin_smem(device) - 1024 - static_cast<int>(sizeof(Smem)) - 2 * pl.out_bytes;
+  pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
+  // About 128 KB of weights in flight per SM covers the memory latency.
+  pl.slots = std::min({kMaxSlots, std::max(2, (128 << 10) / pl.slot_bytes), (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
+  if (g_tuning.slots >= 2) pl.slots = std::min(pl.slots, g_tuning.slots);
+  return pl;
+}
+
+// Whether the units can be dealt out by rank: rank tables, and SMs in every domain with work.
+bool by_rank(const BmmTmaArgs& a, const BmmPlan& pl) {
+  if (a.sm_domain == nullptr || a.sm_rank == nullptr) return false;
+  for (int d = 0; d < a.num_domains; ++d)
+    if (a.domain_sms[d] < 0 || a.domain_sms[d] > kMaxRanks || (pl.units[d] > 0 && a.domain_sms[d] == 0)) return false;
+  return true;
+}
+
+// The rank claims and arrival count of the launches on `stream` with these ranks (the table and
+// the SMs per domain: every such launch has one CTA per rank and claims each rank once, so the
+// counts advance in step); zero at first.
+void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
+  static std::mutex mu;
+  static auto* all = new std::map<std::vector<int64_t>, void*>();
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  std::vector<int64_t> key{dev, reinterpret_cast<int64_t>(stream), reinterpret_cast<int64_t>(a.sm_rank), a.num_domains};
+  key.insert(key.end(), a.domain_sms, a.domain_sms + a.num_domains);
+  std::lock_guard<std::mutex> lock(mu);
+  void*& buf = (*all)[key];
+  if (buf == nullptr)
+    buf = persistent_device_alloc(8 + sizeof(unsigned) * kBmmTmaMaxDomains * kMaxRanks, nullptr,
+                                  "allocating the BMM kernel's rank claims");
+  pl->arrivals = static_cast<unsigned long long*>(buf);
+  pl->claims = reinterpret_cast<unsigned*>(static_cast<char*>(buf) + 8);
+}
+
+template <int NT, bool kNC>
+void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
+  const int smem_bytes = pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + 2 * pl.out_bytes + 1024;
+  auto* kernel = bmm_tma_kernel<NT, kNC>;
+  {  // once per device: allow every size size_plan may pick
+    static std::mutex mu;
+    static std::set<int> allowed;
+    int device = 0;
+    LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mu);
+    if (allowed.insert(device).second)
+      LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            optin_smem(device) - static_cast<int>(sizeof(Smem))));
+  }
+  const int max_ctas = sm_count_for(stream);  // one CTA per SM (the rings take most of its memory)
+  // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.
+  const int tiles = (a.n + kSlotRows - 1) / kSlotRows;
+  int splits = 1;
+  while (splits < tiles && heads_total * splits < max_ctas) splits *= 2;
+  if (g_tuning.splits > 0) splits = g_tuning.splits;
+  splits = std::min(splits, tiles);
+  pl.unit_rows = (tiles + splits - 1) / splits * kSlotRows;
+  pl.row_blocks = (a.n + pl.unit_rows - 1) / pl.unit_rows;
+  int64_t units_total = 0;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const BmmTmaPart& p = a.parts[i];
+    pl.part_unit0[i] = pl.units[p.domain];
+    pl.units[p.domain] += p.heads * pl.row_blocks;
+    units_total += p.heads * pl.row_blocks;
+  }
+  int ctas = static_cast<int>(std::min<int64_t>(max_ctas, units_total));
+  pl.mode = a.num_domains == 1 ? kStaticUnits : by_rank(a, pl) ? kRankUnits : kQueuedUnits;
+  if (pl.mode == kRankUnits) {
+    ctas = 0;  // one per rank
+    for (int d = 0; d < a.num_domains; ++d) ctas += a.domain_sms[d];
+    rank_claims(stream, a, &pl);
+  } else if (pl.mode == kQueuedUnits) {
+    pl.static_first = 0;
+    pl.counted = 1;
+    pl.counters = stream_scratch(stream, kBmmTmaMaxDomains, 0).counters;
+  }
+  pl.total_ctas = ctas;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = overlap;
+  config.numAttrs = 1;
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, maps), "BMM TMA kernel launch");
+}
+
+template <bool kNC>
+void launch_for_m(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads, cudaStream_t stream) {
+  switch (m_groups(a.m)) {
+    case 1: return launch_typed<1, kNC>(a, pl, maps, heads, stream);
+    case 2: return launch_typed<2, kNC>(a, pl, maps, heads, stream);
+    case 4: return launch_typed<4, kNC>(a, pl, maps, heads, stream);
+    default: return launch_typed<8, kNC>(a, pl, maps, heads, stream);
+  }
+}
+
+}  // namespace
+
+void set_bmm_tma_tuning(const BmmTmaTuning& t) { g_tuning = t; }
+
+bool bmm_tma_eligible(const BmmTmaArgs& a) {
+  if (a.m < 1 || a.m > kBmmTmaMaxM || a.k < 1 || a.k > kBmmTmaMaxK || a.n < 1) return false;
+  if (a.num_parts < 1 || a.num_parts > kBmmTmaMaxParts || a.num_domains < 1 || a.num_domains > kBmmTmaMaxDomains)
+    return false;
+  if (!aligned(a.x) || !aligned(a.y)) return false;
+  if ((a.m > 1 && !stride_ok(a.x_row_stride)) || !stride_ok(a.x_head_stride)) return false;
+  // y: strides of whole 16 bytes (fp32: 4 elements would do; 8 keeps one rule)
+  if ((a.m > 1 && !stride_ok(a.y_row_stride)) || !stride_ok(a.y_head_stride)) return false;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const BmmTmaPart& p = a.parts[i];
+    if (!aligned(p.w) || p.heads < 1 || p.head0 < 0 || p.domain < 0 || p.domain >= a.num_domains) return false;
+    if (!stride_ok(p.w_row_stride) || (p.heads > 1 && !stride_ok(p.w_head_stride))) return false;
+  }
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  return device_has_tma(device) && size_plan(a, device).slots >= 2;
+}
+
+void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {
+  LOCUS_CHECK(bmm_tma_eligible(a), "BMM TMA kernel: ineligible problem (M = ", a.m, ", N = ", a.n, ", K = ", a.k,
+              "; needs an sm_90 GPU, 1 <= M <= ", kBmmTmaMaxM, ", K <= ", kBmmTmaMaxK,
+              ", 16-byte aligned x, y and weights with strides of whole 16 bytes)");
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  BmmPlan pl = size_plan(a, device);
+  int heads = 0;
+  for (int i = 0; i < a.num_parts; ++i) heads = std::max(heads, a.parts[i].head0 + a.parts[i].heads);
+  BmmMaps maps{};
+  const int m_pad = 8 * m_groups(a.m);
+  const int64_t x_row = a.m > 1 ? a.x_row_stride : (a.k + 7) / 8 * 8;  // one row: its stride is never used
+  maps.x = tensor_map_3d(a.x, {a.k, a.m, heads}, {x_row, a.x_head_stride}, {kBoxK, m_pad, 1});
+  const int64_t y_row = a.m > 1 ? a.y_row_stride : (a.n + 7) / 8 * 8;
+  maps.y = tensor_map_3d(a.y, {a.n, a.m, heads}, {y_row, a.y_head_stride}, {kSlotRows, m_pad, 1}, a.y_f32, false);
+  for (int i = 0; i < a.num_parts; ++i) {
+    const BmmTmaPart& p = a.parts[i];
+    const int64_t rows = a.n_contiguous ? a.k : a.n;
+    const int64_t head_stride = p.heads > 1 ? p.w_head_stride : rows * p.w_row_stride;
+    maps.w[i] = a.n_contiguous
+                    ? tensor_map_3d(p.w, {a.n, a.k, p.heads}, {p.w_row_stride, head_stride}, {kBoxK, pl.kn_box_rows, 1})
+                    : tensor_map_3d(p.w, {a.k, a.n, p.heads}, {p.w_row_stride, head_stride}, {kBoxK, kSlotRows, 1});
+  }
+  if (a.n_contiguous) launch_for_m<true>(a, pl, maps, heads, stream);
+  else launch_for_m<false>(a, pl, maps, heads, stream);
+}
+
+}  // namespace locus::cuda::detail

@@ -1,0 +1,88 @@
+// Timed choices between code paths (path_choice.h).
+#include "backends/cuda/path_choice.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "backends/cuda/cuda_check.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+struct Choices {
+  std::mutex mu;
+  std::map<std::string, int> chosen;
+};
+Choices& choices() {
+  static auto* c = new Choices();
+  return *c;
+}
+
+bool autotune() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOCUS_PATH_AUTOTUNE");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// Milliseconds of one call of `path`: the best of 3 after a warm-up.
+float time_path(const std::function<void()>& path, cudaStream_t stream) {
+  cudaEvent_t e0, e1;
+  LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
+  LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int rep = 0; rep < 4; ++rep) {
+    LOCUS_CUDA_CHECK(cudaEventRecord(e0, stream));
+    path();
+    LOCUS_CUDA_CHECK(cudaEventRecord(e1, stream));
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (rep > 0) best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+
+}  // namespace
+
+int chosen_path(const std::string& key) {
+  Choices& c = choices();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.chosen.find(key);
+  return it == c.chosen.end() ? -1 : it->second;
+}
+
+void run_fastest_path(const std::string& key, const std::vector<std::function<void()>>& paths, cudaStream_t stream) {
+  LOCUS_CHECK(!paths.empty(), "run_fastest_path: no paths for ", key);
+  int pick = chosen_path(key);
+  if (pick < 0) {
+    if (paths.size() == 1 || !autotune() || capturing(stream)) {
+      pick = 0;
+      if (!capturing(stream)) {
+        std::lock_guard<std::mutex> lock(choices().mu);
+        choices().chosen.emplace(key, pick);
+      }
+    } else {
+      std::vector<float> ms;
+      for (const auto& path : paths) ms.push_back(time_path(path, stream));
+      pick = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+      std::lock_guard<std::mutex> lock(choices().mu);
+      pick = choices().chosen.emplace(key, pick).first->second;  // another thread may have chosen first
+    }
+  }
+  paths[static_cast<size_t>(pick)]();
+}
+
+}  // namespace locus::cuda::detail

@@ -1,0 +1,24 @@
+// Internal to the CUDA backend: the choice between whole code paths of one op (a kernel of ours,
+// cuBLASLt calls, a fork/join over partition streams), made by timing each path once per problem
+// and remembered, as cuBLASLt's algorithms are (cublaslt_matmul.h). After the first call the
+// choice never changes, so repeated calls and graph replays compute the same way.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace locus::cuda::detail {
+
+// Runs, on `stream`, the path of `paths` chosen for `key`: each path enqueues one complete call of
+// the op (all of them give the same result up to rounding). The first call for a key times every
+// path (a warm-up, then the best of 3, with events on `stream`; their work is real and the last
+// run is the chosen path's). Inside a capture, or with LOCUS_PATH_AUTOTUNE=0, a key without a
+// choice takes paths[0] untimed (and is not remembered while capturing).
+void run_fastest_path(const std::string& key, const std::vector<std::function<void()>>& paths, cudaStream_t stream);
+
+// The index chosen for `key`, -1 when none is (for tests and benchmarks).
+int chosen_path(const std::string& key);
+
+}  // namespace locus::cuda::detail

@@ -1,0 +1,263 @@
+// The TMA-fed decode BMM (backends/cuda/bmm_tma.h) against fp64 with poisoned outputs: both weight
+// layouts, every token-group size, K and N off the box grid, heads cut into several units, MLA's
+// strided views; its single-launch partitioned form (bitwise equal to the unpartitioned one, with
+// work stolen from a domain without SMs), graph replay after an in-place reload, and the problems
+// it must refuse.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/bmm_tma.h"
+#include "ops/partitioned.h"
+#include "cuda_test_util.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+
+// The op's b operand for per-head weights w [H, N, K] on the GPU: stored [K, N] (row-major b, as
+// MLA's k_b) or [N, K] (a transposed view, as MLA's v_b).
+Tensor b_operand(const Tensor& w, bool n_contiguous, int domain = -1) {
+  return n_contiguous ? w.transpose(1, 2).clone().to(Device::cuda(0), domain)
+                      : w.to(Device::cuda(0), domain).transpose(1, 2);
+}
+
+// Activations and outputs as MLA has them: [T, H, D] buffers (with room around; activation rows of
+// whole 16 bytes) viewed as [H, T, D].
+struct MlaBuffers {
+  Tensor act, a_host, a, out, y;
+  MlaBuffers(int64_t H, int64_t T, int64_t K, int64_t N, DType out_dtype, uint64_t seed) {
+    act = randn({T, H, (K + 7) / 8 * 8 + 64}, DType::kBF16, seed);
+    a_host = act.slice(2, 0, K).transpose(0, 1);
+    a = to_gpu(act).slice(2, 0, K).transpose(0, 1);
+    out = poisoned_gpu({T, H, N + 8}, out_dtype);
+    y = out.slice(2, 0, N).transpose(0, 1);
+  }
+  // y back as [H, T, N], after checking that the columns beyond N stayed poisoned.
+  Tensor result() const {
+    Tensor host = fetch(out);
+    for (int64_t t = 0; t < host.size(0); ++t)
+      for (int64_t h = 0; h < host.size(1); ++h)
+        EXPECT_TRUE(std::isnan(get(host, (t * host.size(1) + h) * host.size(2) + host.size(2) - 1)))
+            << "a column beyond N was written";
+    return host.slice(2, 0, y.size(2)).transpose(0, 1).clone();
+  }
+};
+
+struct Shape3 {
+  int64_t heads, n, k;
+};
+
+TEST(CudaBmmTma, EveryTokenGroupAndLayoutMatchesFp64) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  // N and K off the 64 grid; K = 320 and 512 take two boxes per slot in the [K, N] layout; two
+  // heads of 200 rows are cut into several units each.
+  for (const Shape3 s : {Shape3{6, 200, 136}, Shape3{2, 200, 64}, Shape3{3, 72, 320}, Shape3{4, 40, 512}}) {
+    for (const int64_t M : {1, 5, 8, 9, 16, 17, 32, 33, 64}) {
+      for (const bool n_contiguous : {false, true}) {
+        const DType out = M % 2 ? DType::kFP32 : DType::kBF16;
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " H " << s.heads << " N " << s.n << " K " << s.k << " M "
+                                          << M << (n_contiguous ? " [K, N]" : " [N, K]"));
+        MlaBuffers io(s.heads, M, s.k, s.n, out, seed + M);
+        Tensor w = randn({s.heads, s.n, s.k}, DType::kBF16, seed + M + 1, 0.05);
+        ASSERT_TRUE(cuda::bmm_tma(io.a, b_operand(w, n_contiguous), io.y, nullptr));
+        const double tol = out == DType::kBF16 ? bf16_gemm_tolerance(s.k) : fp32_out_gemm_tolerance(s.k);
+        EXPECT_LT(rel_error(io.result(), ref_bmm_nk(io.a_host, w)), tol);
+      }
+    }
+  }
+}
+
+TEST(CudaBmmTma, MlaShapes) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  // q_nope x k_b ([K, N] weights) and o_lat x v_b^T ([N, K] weights), DeepSeek-V3 sizes.
+  for (const auto [s, n_contiguous] : {std::pair<Shape3, bool>{{128, 512, 128}, true}, {{128, 128, 512}, false}}) {
+    for (const int64_t M : {3, 64}) {
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " N " << s.n << " K " << s.k << " M " << M);
+      MlaBuffers io(s.heads, M, s.k, s.n, DType::kBF16, seed + M);
+      Tensor w = randn({s.heads, s.n, s.k}, DType::kBF16, seed + M + 1, 0.05);
+      ASSERT_TRUE(cuda::bmm_tma(io.a, b_operand(w, n_contiguous), io.y, nullptr));
+      EXPECT_LT(rel_error(io.result(), ref_bmm_nk(io.a_host, w)), bf16_gemm_tolerance(s.k));
+    }
+  }
+}
+
+TEST(CudaBmmTma, RefusesWhatItCannotRun) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  auto eligible = [&](int64_t M, int64_t K, int64_t K_stored) {
+    MlaBuffers io(4, M, K, 64, DType::kBF16, seed);
+    Tensor w = randn({4, 64, K_stored}, DType::kBF16, seed + 1, 0.05);
+    return cuda::bmm_tma(io.a, to_gpu(w).slice(2, 0, K).transpose(1, 2), io.y, nullptr);
+  };
+  EXPECT_TRUE(eligible(64, 512, 512));
+  EXPECT_FALSE(eligible(65, 128, 128)) << "M > 64";
+  EXPECT_FALSE(eligible(8, 520, 520)) << "K > 512";
+  EXPECT_FALSE(eligible(8, 100, 100)) << "rows of 200 bytes (TMA strides are whole 16 bytes)";
+  EXPECT_TRUE(eligible(8, 100, 104)) << "K = 100 in rows of 104";
+}
+
+using CudaBmmTmaDomains = CudaTwoDomains;
+
+TEST_F(CudaBmmTmaDomains, ShardsInOneLaunchEqualTheWholeBitwiseThroughGraphAndReload) {
+  for (const auto [s, n_contiguous] : {std::pair<Shape3, bool>{{20, 512, 128}, true}, {{20, 128, 512}, false}}) {
+    for (const int64_t M : {3, 40}) {
+      const uint64_t seed = fresh_seed();
+      const int64_t h0 = 7;  // domain 0: heads [0, 7), domain 1: [7, 20)
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " N " << s.n << " K " << s.k << " M " << M);
+      MlaBuffers io(s.heads, M, s.k, s.n, DType::kBF16, seed);
+      Tensor w = randn({s.heads, s.n, s.k}, DType::kBF16, seed + 1, 0.05);
+      MlaBuffers whole(s.heads, M, s.k, s.n, DType::kBF16, seed);
+      ASSERT_TRUE(cuda::bmm_tma(whole.a, b_operand(w, n_contiguous), whole.y, caller_));
+      const Tensor expected = whole.result();
+      EXPECT_LT(rel_error(expected, ref_bmm_nk(io.a_host, w)), bf16_gemm_tolerance(s.k));
+
+      Tensor b0 = b_operand(w.slice(0, 0, h0), n_contiguous, 0), b1 = b_operand(w.slice(0, h0, s.heads), n_contiguous, 1);
+      const std::vector<cuda::DomainSlice> slices = {{0, h0, parts_[0].stream}, {h0, s.heads, parts_[1].stream}};
+      auto run = [&] { ASSERT_TRUE(cuda::bmm_tma_domains(io.a, {b0, b1}, io.y, slices, caller_)); };
+      run();  // eager: scratch and the SM table are created outside the capture
+      ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
+      EXPECT_TRUE(bitwise_equal(io.result(), expected)) << "partitioned differs from unpartitioned";
+      cuda::Graph graph;
+      graph.begin_capture(caller_);
+      run();
+      graph.end_capture();
+      for (int rep = 0; rep < 3; ++rep) {  // the unit counters reset themselves between replays
+        io.out.fill_nan_();
+        graph.replay(caller_);
+        EXPECT_TRUE(bitwise_equal(io.result(), expected)) << "replay " << rep;
+      }
+      // In-place reload of both shards: the graph reads the new weights.
+      Tensor w2 = randn({s.heads, s.n, s.k}, DType::kBF16, seed + 2, 0.05);
+      auto reload = [&](Tensor& shard, int64_t from, int64_t to) {
+        Tensor fresh = b_operand(w2.slice(0, from, to), n_contiguous);
+        Tensor dst = n_contiguous ? shard : shard.transpose(1, 2), src = n_contiguous ? fresh : fresh.transpose(1, 2);
+        dst.copy_(src);  // the contiguous storage of each
+      };
+      reload(b0, 0, h0);
+      reload(b1, h0, s.heads);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      io.out.fill_nan_();
+      graph.replay(caller_);
+      EXPECT_LT(rel_error(io.result(), ref_bmm_nk(io.a_host, w2)), bf16_gemm_tolerance(s.k));
+    }
+  }
+}
+
+// ops::bmm_partitioned times the one-launch kernel against the fork/join once, then keeps its
+// choice: both calls (and a graph of the op) match fp64.
+TEST_F(CudaBmmTmaDomains, PartitionedOpChoosesAPathOnceAndKeepsIt) {
+  const uint64_t seed = fresh_seed();
+  const int64_t H = 16, M = 4, N = 512, K = 128, h0 = 8;
+  MlaBuffers io(H, M, K, N, DType::kBF16, seed);
+  Tensor w = randn({H, N, K}, DType::kBF16, seed + 1, 0.05);
+  const std::vector<Tensor> shards = {b_operand(w.slice(0, 0, h0), true, 0), b_operand(w.slice(0, h0, H), true, 1)};
+  const Stream caller{Device::cuda(0), caller_};
+  const std::vector<ops::PartitionSlice> slices = {{0, h0, Stream{Device::cuda(0), parts_[0].stream}},
+                                                   {h0, H, Stream{Device::cuda(0), parts_[1].stream}}};
+  const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
+  cuda::Graph graph;
+  for (int run = 0; run < 3; ++run) {
+    io.out.fill_nan_();
+    if (run == 2) {
+      graph.begin_capture(caller_);
+      ops::bmm_partitioned(io.a, shards, io.y, slices, caller);
+      graph.end_capture();
+      graph.replay(caller_);
+    } else {
+      ops::bmm_partitioned(io.a, shards, io.y, slices, caller);
+    }
+    EXPECT_LT(rel_error(io.result(), ref), bf16_gemm_tolerance(K)) << "run " << run;
+  }
+}
+
+// The raw launch of the tests below: heads [0, h0) on domain 0, [h0, H) on domain 1.
+cuda::detail::BmmTmaArgs two_domain_args(const MlaBuffers& io, const Tensor& wg, int64_t h0) {
+  const int64_t H = io.a.size(0), M = io.a.size(1), K = io.a.size(2), N = io.y.size(2);
+  cuda::detail::BmmTmaArgs a;
+  a.x = io.a.data<uint16_t>();
+  a.x_head_stride = io.a.stride(0);
+  a.x_row_stride = io.a.stride(1);
+  a.y = io.y.data_ptr();
+  a.y_head_stride = io.y.stride(0);
+  a.y_row_stride = io.y.stride(1);
+  a.y_f32 = io.y.dtype() == DType::kFP32;
+  a.m = static_cast<int32_t>(M);
+  a.n = static_cast<int32_t>(N);
+  a.k = static_cast<int32_t>(K);
+  a.num_parts = 2;
+  a.num_domains = 2;
+  for (int p = 0; p < 2; ++p) {
+    a.parts[p].w = static_cast<const uint16_t*>(wg.data_ptr()) + (p ? h0 * N * K : 0);
+    a.parts[p].w_head_stride = N * K;
+    a.parts[p].w_row_stride = K;
+    a.parts[p].heads = static_cast<int32_t>(p ? H - h0 : h0);
+    a.parts[p].head0 = static_cast<int32_t>(p ? h0 : 0);
+    a.parts[p].domain = p;
+  }
+  return a;
+}
+
+// Correctness never depends on where CTAs land. Without rank tables (atomic counters): with every
+// SM mapped to domain 0, domain 1's heads are all stolen; with no table, likewise.
+TEST_F(CudaBmmTmaDomains, DomainWithoutSmsIsStolen) {
+  const uint64_t seed = fresh_seed();
+  const int64_t H = 12, M = 6, N = 256, K = 128, h0 = 5;
+  MlaBuffers io(H, M, K, N, DType::kFP32, seed);
+  Tensor w = randn({H, N, K}, DType::kBF16, seed + 1, 0.05);
+  Tensor wg = to_gpu(w);
+  Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
+  const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
+  for (const bool with_table : {true, false}) {
+    cuda::detail::BmmTmaArgs a = two_domain_args(io, wg, h0);
+    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    io.out.fill_nan_();
+    ASSERT_TRUE(cuda::detail::bmm_tma_eligible(a));
+    cuda::detail::launch_bmm_tma(a, caller_);
+    ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
+    EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(K)) << (with_table ? "all SMs on domain 0" : "no table");
+  }
+}
+
+// With rank tables in which every SM claims to be one of domain 0's first four ranks, almost every
+// CTA's first guess is taken: they claim the free ranks instead (both domains'), their speculative
+// copies are not written, and every unit is still done once; in eager launches and graph replays
+// alike (the claims count launches).
+TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
+  const uint64_t seed = fresh_seed();
+  const int64_t H = 24, M = 9, N = 512, K = 128, h0 = 10;
+  MlaBuffers io(H, M, K, N, DType::kFP32, seed);
+  Tensor w = randn({H, N, K}, DType::kBF16, seed + 1, 0.05);
+  Tensor wg = to_gpu(w);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
+  for (int sm = 0; sm < 1024; ++sm) static_cast<uint8_t*>(host_tables.data_ptr())[1024 + sm] = static_cast<uint8_t>(sm % 4);
+  Tensor tables = to_gpu(host_tables);
+  cuda::detail::BmmTmaArgs a = two_domain_args(io, wg, h0);
+  a.sm_domain = tables.data<uint8_t>();
+  a.sm_rank = tables.data<uint8_t>() + 1024;
+  a.domain_sms[0] = sms / 2;
+  a.domain_sms[1] = sms - sms / 2;
+  const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
+  cuda::Graph graph;
+  graph.begin_capture(caller_);
+  cuda::detail::launch_bmm_tma(a, caller_);
+  graph.end_capture();
+  // Two eager launches, then three replays.
+  for (int rep = 0; rep < 5; ++rep) {
+    io.out.fill_nan_();
+    if (rep < 2) cuda::detail::launch_bmm_tma(a, caller_);
+    else graph.replay(caller_);
+    ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
+    EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(K)) << "run " << rep;
+  }
+}
+
+}  // namespace
+}  // namespace locus
