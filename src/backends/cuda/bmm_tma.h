@@ -86,6 +86,8 @@ void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
 struct BmmTmaTuning {
   int splits = 0;  // units per head (the unit rows are the head's rows / splits, in 64s)
   int slots = 0;   // at most this many weight slots in the ring (>= 2)
+  int dependent_launch = 1;  // 0: plain stream order instead of a programmatic dependent launch
+  int l2_promotion = 256;    // the tensor maps' L2 fetch size in bytes: 0 (none), 128 or 256
 };
 void set_bmm_tma_tuning(const BmmTmaTuning& t);
 

@@ -412,6 +412,8 @@ int optin_smem(int device) { return device_attribute(device, cudaDevAttrMaxShare
 bool stride_ok(int64_t elements) { return elements > 0 && elements % 8 == 0 && elements < (int64_t{1} << 38); }
 bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+BmmTmaTuning g_tuning;
+
 // A 3D BF16 (or fp32) tensor map, by default with 128-byte swizzled boxes; elements outside the
 // tensor read as zeros and are not written.
 CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
@@ -427,12 +429,13 @@ CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int6
   check_cu(driver().cuTensorMapEncodeTiled(&map, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                            3, const_cast<void*>(base), d, st, b, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                            swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                                           g_tuning.l2_promotion == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                           : g_tuning.l2_promotion == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                          : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
            "cuTensorMapEncodeTiled (BMM)");
   return map;
 }
-
-BmmTmaTuning g_tuning;
 
 int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
@@ -530,7 +533,7 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   config.stream = stream;
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  overlap[0].val.programmaticStreamSerializationAllowed = g_tuning.dependent_launch ? 1 : 0;
   config.attrs = overlap;
   config.numAttrs = 1;
   LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, maps), "BMM TMA kernel launch");
