@@ -88,6 +88,7 @@ struct BmmTmaTuning {
   int slots = 0;   // at most this many weight slots in the ring (>= 2)
   int dependent_launch = 1;  // 0: plain stream order instead of a programmatic dependent launch
   int l2_promotion = 256;    // the tensor maps' L2 fetch size in bytes: 0 (none), 128 or 256
+  int ctas_per_sm = 1;       // one domain only: CTAs per SM (sharing its memory and the ring bytes)
 };
 void set_bmm_tma_tuning(const BmmTmaTuning& t);
 

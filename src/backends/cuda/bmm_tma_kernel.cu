@@ -439,6 +439,8 @@ CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int6
 
 int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
+int ctas_per_sm(const BmmTmaArgs& a) { return a.num_domains == 1 && g_tuning.ctas_per_sm > 1 ? g_tuning.ctas_per_sm : 1; }
+
 // Slot and buffer sizes for the problem; slots < 2 when it does not fit the device.
 BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   BmmPlan pl{};
@@ -448,11 +450,16 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   pl.slot_bytes = kSlotRows * pl.k_pad * 2;
   pl.x_bytes = 8 * m_groups(a.m) * pl.k_pad * 2;
   pl.out_bytes = 8 * m_groups(a.m) * 64 * (a.y_f32 ? 4 : 2);
-  // 1024: alignment slack
-  const int budget = optin_smem(device) - 1024 - static_cast<int>(sizeof(Smem)) - 2 * pl.out_bytes;
+  // One CTA per SM, or (benchmark knob, one domain only) several sharing its memory and the
+  // 128 KB in flight; 1024: alignment slack (and the runtime's share per CTA when several).
+  const int per_sm = ctas_per_sm(a);
+  const int room = per_sm == 1 ? optin_smem(device)
+                                : device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor) / per_sm - 1024;
+  const int budget = room - 1024 - static_cast<int>(sizeof(Smem)) - 2 * pl.out_bytes;
   pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
   // About 128 KB of weights in flight per SM covers the memory latency.
-  pl.slots = std::min({kMaxSlots, std::max(2, (128 << 10) / pl.slot_bytes), (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
+  pl.slots = std::min({kMaxSlots, std::max(2, (128 << 10) / (pl.slot_bytes * per_sm)),
+                       (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
   if (g_tuning.slots >= 2) pl.slots = std::min(pl.slots, g_tuning.slots);
   return pl;
 }
@@ -498,7 +505,7 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
       LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             optin_smem(device) - static_cast<int>(sizeof(Smem))));
   }
-  const int max_ctas = sm_count_for(stream);  // one CTA per SM (the rings take most of its memory)
+  const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
   // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.
   const int tiles = (a.n + kSlotRows - 1) / kSlotRows;
   int splits = 1;
