@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/bmm_tma.h"
@@ -176,51 +178,61 @@ TEST_F(CudaBmmTmaDomains, PartitionedOpChoosesAPathOnceAndKeepsIt) {
   }
 }
 
-// The raw launch of the tests below: heads [0, h0) on domain 0, [h0, H) on domain 1.
-cuda::detail::BmmTmaArgs two_domain_args(const MlaBuffers& io, const Tensor& wg, int64_t h0) {
-  const int64_t H = io.a.size(0), M = io.a.size(1), K = io.a.size(2), N = io.y.size(2);
-  cuda::detail::BmmTmaArgs a;
-  a.x = io.a.data<uint16_t>();
-  a.x_head_stride = io.a.stride(0);
-  a.x_row_stride = io.a.stride(1);
-  a.y = io.y.data_ptr();
-  a.y_head_stride = io.y.stride(0);
-  a.y_row_stride = io.y.stride(1);
-  a.y_f32 = io.y.dtype() == DType::kFP32;
-  a.m = static_cast<int32_t>(M);
-  a.n = static_cast<int32_t>(N);
-  a.k = static_cast<int32_t>(K);
-  a.num_parts = 2;
-  a.num_domains = 2;
-  for (int p = 0; p < 2; ++p) {
-    a.parts[p].w = static_cast<const uint16_t*>(wg.data_ptr()) + (p ? h0 * N * K : 0);
-    a.parts[p].w_head_stride = N * K;
-    a.parts[p].w_row_stride = K;
-    a.parts[p].heads = static_cast<int32_t>(p ? H - h0 : h0);
-    a.parts[p].head0 = static_cast<int32_t>(p ? h0 : 0);
-    a.parts[p].domain = p;
+// The raw launches of the tests below: H heads of [N, K] weights (fp32 out), heads [0, h0) on
+// domain 0 and [h0, H) on domain 1, with their fp64 reference.
+struct TwoDomainProblem {
+  int64_t k;
+  MlaBuffers io;
+  Tensor w, wg;
+  std::vector<double> ref;
+  cuda::detail::BmmTmaArgs args;
+
+  TwoDomainProblem(int64_t H, int64_t M, int64_t N, int64_t K, int64_t h0)
+      : k(K), io(H, M, K, N, DType::kFP32, fresh_seed()) {
+    w = randn({H, N, K}, DType::kBF16, fresh_seed(), 0.05);
+    wg = to_gpu(w);
+    ref = ref_bmm_nk(io.a_host, w);
+    cuda::detail::BmmTmaArgs& a = args;
+    a.x = io.a.data<uint16_t>();
+    a.x_head_stride = io.a.stride(0);
+    a.x_row_stride = io.a.stride(1);
+    a.y = io.y.data_ptr();
+    a.y_head_stride = io.y.stride(0);
+    a.y_row_stride = io.y.stride(1);
+    a.y_f32 = true;
+    a.m = static_cast<int32_t>(M);
+    a.n = static_cast<int32_t>(N);
+    a.k = static_cast<int32_t>(K);
+    a.num_parts = 2;
+    a.num_domains = 2;
+    for (int p = 0; p < 2; ++p) {
+      a.parts[p].w = static_cast<const uint16_t*>(wg.data_ptr()) + (p ? h0 * N * K : 0);
+      a.parts[p].w_head_stride = N * K;
+      a.parts[p].w_row_stride = K;
+      a.parts[p].heads = static_cast<int32_t>(p ? H - h0 : h0);
+      a.parts[p].head0 = static_cast<int32_t>(p ? h0 : 0);
+      a.parts[p].domain = p;
+    }
   }
-  return a;
-}
+  // Poisons y, runs `launch` on `stream` and checks y against fp64.
+  void check(const std::function<void()>& launch, cudaStream_t stream, const std::string& what) {
+    io.out.fill_nan_();
+    launch();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(k)) << what;
+  }
+};
 
 // Correctness never depends on where CTAs land. Without rank tables (atomic counters): with every
 // SM mapped to domain 0, domain 1's heads are all stolen; with no table, likewise.
 TEST_F(CudaBmmTmaDomains, DomainWithoutSmsIsStolen) {
-  const uint64_t seed = fresh_seed();
-  const int64_t H = 12, M = 6, N = 256, K = 128, h0 = 5;
-  MlaBuffers io(H, M, K, N, DType::kFP32, seed);
-  Tensor w = randn({H, N, K}, DType::kBF16, seed + 1, 0.05);
-  Tensor wg = to_gpu(w);
+  TwoDomainProblem pb(12, 6, 256, 128, 5);
   Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
-  const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
   for (const bool with_table : {true, false}) {
-    cuda::detail::BmmTmaArgs a = two_domain_args(io, wg, h0);
-    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
-    io.out.fill_nan_();
-    ASSERT_TRUE(cuda::detail::bmm_tma_eligible(a));
-    cuda::detail::launch_bmm_tma(a, caller_);
-    ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
-    EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(K)) << (with_table ? "all SMs on domain 0" : "no table");
+    pb.args.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    ASSERT_TRUE(cuda::detail::bmm_tma_eligible(pb.args));
+    pb.check([&] { cuda::detail::launch_bmm_tma(pb.args, caller_); }, caller_,
+             with_table ? "all SMs on domain 0" : "no table");
   }
 }
 
@@ -229,33 +241,24 @@ TEST_F(CudaBmmTmaDomains, DomainWithoutSmsIsStolen) {
 // copies are not written, and every unit is still done once; in eager launches and graph replays
 // alike (the claims count launches).
 TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
-  const uint64_t seed = fresh_seed();
-  const int64_t H = 24, M = 9, N = 512, K = 128, h0 = 10;
-  MlaBuffers io(H, M, K, N, DType::kFP32, seed);
-  Tensor w = randn({H, N, K}, DType::kBF16, seed + 1, 0.05);
-  Tensor wg = to_gpu(w);
+  TwoDomainProblem pb(24, 9, 512, 128, 10);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
   for (int sm = 0; sm < 1024; ++sm) static_cast<uint8_t*>(host_tables.data_ptr())[1024 + sm] = static_cast<uint8_t>(sm % 4);
   Tensor tables = to_gpu(host_tables);
-  cuda::detail::BmmTmaArgs a = two_domain_args(io, wg, h0);
-  a.sm_domain = tables.data<uint8_t>();
-  a.sm_rank = tables.data<uint8_t>() + 1024;
-  a.domain_sms[0] = sms / 2;
-  a.domain_sms[1] = sms - sms / 2;
-  const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
+  pb.args.sm_domain = tables.data<uint8_t>();
+  pb.args.sm_rank = tables.data<uint8_t>() + 1024;
+  pb.args.domain_sms[0] = sms / 2;
+  pb.args.domain_sms[1] = sms - sms / 2;
   cuda::Graph graph;
   graph.begin_capture(caller_);
-  cuda::detail::launch_bmm_tma(a, caller_);
+  cuda::detail::launch_bmm_tma(pb.args, caller_);
   graph.end_capture();
   // Two eager launches, then three replays.
   for (int rep = 0; rep < 5; ++rep) {
-    io.out.fill_nan_();
-    if (rep < 2) cuda::detail::launch_bmm_tma(a, caller_);
-    else graph.replay(caller_);
-    ASSERT_EQ(cudaStreamSynchronize(caller_), cudaSuccess);
-    EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(K)) << "run " << rep;
+    pb.check([&] { rep < 2 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
+             "run " + std::to_string(rep));
   }
 }
 
