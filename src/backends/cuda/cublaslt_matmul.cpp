@@ -3,7 +3,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -11,6 +10,8 @@
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_settings.h"
+#include "backends/cuda/path_choice.h"
 #include "backends/cuda/persistent_alloc.h"
 #include "backends/cuda/stream_registry.h"
 
@@ -84,18 +85,6 @@ int alignment_of(const void* p) {
   int a = 1;
   while (a < 256 && (v % (2 * a)) == 0) a *= 2;
   return a;
-}
-
-bool stream_capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  return st != cudaStreamCaptureStatusNone;
-}
-
-// A switch that is on unless the environment variable `name` is "0".
-bool env_switch(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && std::string(e) == "0");
 }
 
 bool autotune_enabled() {
@@ -194,28 +183,15 @@ cublasStatus_t run(const StreamLt& lt, const Descs& ds, const cublasLtMatmulAlgo
                         lt.workspace, kWorkspaceBytes, stream);
 }
 
-// Milliseconds of one call with `t` (the best of 3 after a warm-up); 1e30 when it fails.
+// Milliseconds of one call with `t` (time_call_ms: the best of 3 after a warm-up); 1e30 when it
+// fails.
 float time_tactic(const StreamLt& lt, const Tactic& t, const LtMatmul& mm, cudaStream_t stream) {
   Descs ds;
   make_descs(mm, t.sm_target, &ds);
-  cudaEvent_t e0, e1;
-  LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
-  LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
-  float best = 1e30f;
   bool ok = true;
-  for (int rep = 0; rep < 4 && ok; ++rep) {
-    cudaEventRecord(e0, stream);
-    ok = run(lt, ds, t.algo, mm, stream) == CUBLAS_STATUS_SUCCESS;
-    cudaEventRecord(e1, stream);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (rep > 0) best = std::min(best, ms);  // the first run is a warm-up
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const float ms = time_call_ms([&] { ok = ok && run(lt, ds, t.algo, mm, stream) == CUBLAS_STATUS_SUCCESS; }, stream);
   cudaGetLastError();  // a candidate that failed to launch leaves its error behind
-  return ok ? best : 1e30f;
+  return ok ? ms : 1e30f;
 }
 
 // The heuristic's candidates for the whole device and, on a partition stream (`sm_part` > 0), for

@@ -2,12 +2,11 @@
 #include "backends/cuda/path_choice.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_settings.h"
 
 namespace locus::cuda::detail {
 namespace {
@@ -22,40 +21,36 @@ Choices& choices() {
 }
 
 bool autotune() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOCUS_PATH_AUTOTUNE");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch("LOCUS_PATH_AUTOTUNE");
   return on;
 }
 
-bool capturing(cudaStream_t s) {
+}  // namespace
+
+bool stream_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(s, &st));
   return st != cudaStreamCaptureStatusNone;
 }
 
-// Milliseconds of one call of `path`: the best of 3 after a warm-up.
-float time_path(const std::function<void()>& path, cudaStream_t stream) {
+float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
   cudaEvent_t e0, e1;
   LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
   LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
   float best = 1e30f;
   for (int rep = 0; rep < 4; ++rep) {
     LOCUS_CUDA_CHECK(cudaEventRecord(e0, stream));
-    path();
+    call();
     LOCUS_CUDA_CHECK(cudaEventRecord(e1, stream));
     LOCUS_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
     LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (rep > 0) best = std::min(best, ms);
+    if (rep > 0) best = std::min(best, ms);  // the first run is a warm-up
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return best;
 }
-
-}  // namespace
 
 int chosen_path(const std::string& key) {
   Choices& c = choices();
@@ -68,15 +63,15 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
   LOCUS_CHECK(!paths.empty(), "run_fastest_path: no paths for ", key);
   int pick = chosen_path(key);
   if (pick < 0) {
-    if (paths.size() == 1 || !autotune() || capturing(stream)) {
+    if (paths.size() == 1 || !autotune() || stream_capturing(stream)) {
       pick = 0;
-      if (!capturing(stream)) {
+      if (!stream_capturing(stream)) {
         std::lock_guard<std::mutex> lock(choices().mu);
         choices().chosen.emplace(key, pick);
       }
     } else {
       std::vector<float> ms;
-      for (const auto& path : paths) ms.push_back(time_path(path, stream));
+      for (const auto& path : paths) ms.push_back(time_call_ms(path, stream));
       pick = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
       std::lock_guard<std::mutex> lock(choices().mu);
       pick = choices().chosen.emplace(key, pick).first->second;  // another thread may have chosen first

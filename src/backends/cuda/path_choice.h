@@ -21,4 +21,11 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
 // The index chosen for `key`, -1 when none is (for tests and benchmarks).
 int chosen_path(const std::string& key);
 
+// Milliseconds of one call of `call` on `stream`: a warm-up, then the best of 3 (CUDA events).
+// Its work is real. cuBLASLt's tactic choice times its candidates with it too.
+float time_call_ms(const std::function<void()>& call, cudaStream_t stream);
+
+// Whether `s` is being captured into a CUDA graph (then nothing may be timed or synchronized).
+bool stream_capturing(cudaStream_t s);
+
 }  // namespace locus::cuda::detail

@@ -2,12 +2,12 @@
 // skinny path and the single-launch locality-domain path of the partitioned ops.
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/domain_table.h"
+#include "backends/cuda/env_settings.h"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_wgmma.h"
 #include "backends/cuda/stream_gemm.h"
@@ -19,17 +19,12 @@ using detail::StreamGemmArgs;
 using detail::StreamGemmPart;
 using detail::StreamWeight;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
-
 // Largest M the BF16 streaming kernel takes instead of cuBLASLt (LOCUS_STREAM_GEMM_BF16_MAX_M).
 // 0 by default: on the H200 (2026-12-03, docs/benchmarks.md) it takes 1.1-3x cuBLASLt's time at
 // M <= 16, and its single-launch partitioned form does not beat a fork/join of cuBLASLt calls, so
 // cuBLASLt (partitioned: the fork/join) stays the default until the kernel is faster.
 int bf16_max_m() {
-  static const int m = env_int("LOCUS_STREAM_GEMM_BF16_MAX_M", 0);
+  static const int m = detail::env_int("LOCUS_STREAM_GEMM_BF16_MAX_M", 0);
   return m;
 }
 
