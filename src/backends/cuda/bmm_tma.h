@@ -79,7 +79,10 @@ struct BmmTmaArgs {
 // tensor-map entry point; 1 <= M <= 64, 1 <= K <= 512; 16-byte aligned x, y and weights with
 // strides of whole 16 bytes; parts over 1..8 domains. A false answer launches nothing.
 bool bmm_tma_eligible(const BmmTmaArgs& a);
-// Launches on `stream` (capturable). Throws when the problem is not eligible.
+// Launches on `stream` (capturable) when the problem is eligible, checking it once; false, with
+// nothing launched, when it is not.
+bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
+// The same, but throws when the problem is not eligible.
 void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
 
 // Knobs for benchmarks (0: the built-in choice).

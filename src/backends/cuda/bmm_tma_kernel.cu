@@ -189,8 +189,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     wait_for_previous_grid();  // before the activations
     for (int u = first; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
   } else if (pl.mode == kRankUnits) {
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned smid = sm_id();
     int domain = smid < 1024 ? a.sm_domain[smid] : kNoDomain, rank = smid < 1024 ? a.sm_rank[smid] : 0;
     const bool guess = domain < a.num_domains && rank < a.domain_sms[domain];
     if (!guess) domain = -1;
@@ -410,7 +409,6 @@ bool device_has_tma(int device) {
 int optin_smem(int device) { return device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
 bool stride_ok(int64_t elements) { return elements > 0 && elements % 8 == 0 && elements < (int64_t{1} << 38); }
-bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 BmmTmaTuning g_tuning;
 
@@ -556,35 +554,34 @@ void launch_for_m(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   }
 }
 
-}  // namespace
-
-void set_bmm_tma_tuning(const BmmTmaTuning& t) { g_tuning = t; }
-
-bool bmm_tma_eligible(const BmmTmaArgs& a) {
+// The launch plan of `a` on `device` (its sizes; the rest is filled at launch); false when the
+// kernel cannot take the problem there.
+bool plan_launch(const BmmTmaArgs& a, int device, BmmPlan* pl) {
   if (a.m < 1 || a.m > kBmmTmaMaxM || a.k < 1 || a.k > kBmmTmaMaxK || a.n < 1) return false;
   if (a.num_parts < 1 || a.num_parts > kBmmTmaMaxParts || a.num_domains < 1 || a.num_domains > kBmmTmaMaxDomains)
     return false;
-  if (!aligned(a.x) || !aligned(a.y)) return false;
+  if (!aligned16(a.x) || !aligned16(a.y)) return false;
   if ((a.m > 1 && !stride_ok(a.x_row_stride)) || !stride_ok(a.x_head_stride)) return false;
   // y: strides of whole 16 bytes (fp32: 4 elements would do; 8 keeps one rule)
   if ((a.m > 1 && !stride_ok(a.y_row_stride)) || !stride_ok(a.y_head_stride)) return false;
   for (int i = 0; i < a.num_parts; ++i) {
     const BmmTmaPart& p = a.parts[i];
-    if (!aligned(p.w) || p.heads < 1 || p.head0 < 0 || p.domain < 0 || p.domain >= a.num_domains) return false;
+    if (!aligned16(p.w) || p.heads < 1 || p.head0 < 0 || p.domain < 0 || p.domain >= a.num_domains) return false;
     if (!stride_ok(p.w_row_stride) || (p.heads > 1 && !stride_ok(p.w_head_stride))) return false;
   }
-  int device = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  return device_has_tma(device) && size_plan(a, device).slots >= 2;
+  if (!device_has_tma(device)) return false;
+  *pl = size_plan(a, device);
+  return pl->slots >= 2;
 }
 
-void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {
-  LOCUS_CHECK(bmm_tma_eligible(a), "BMM TMA kernel: ineligible problem (M = ", a.m, ", N = ", a.n, ", K = ", a.k,
-              "; needs an sm_90 GPU, 1 <= M <= ", kBmmTmaMaxM, ", K <= ", kBmmTmaMaxK,
-              ", 16-byte aligned x, y and weights with strides of whole 16 bytes)");
+int current_device() {
   int device = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  BmmPlan pl = size_plan(a, device);
+  return device;
+}
+
+// Launches `a` with its plan `pl` (plan_launch's).
+void launch_planned(const BmmTmaArgs& a, BmmPlan& pl, cudaStream_t stream) {
   int heads = 0;
   for (int i = 0; i < a.num_parts; ++i) heads = std::max(heads, a.parts[i].head0 + a.parts[i].heads);
   BmmMaps maps{};
@@ -603,6 +600,28 @@ void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {
   }
   if (a.n_contiguous) launch_for_m<true>(a, pl, maps, heads, stream);
   else launch_for_m<false>(a, pl, maps, heads, stream);
+}
+
+}  // namespace
+
+void set_bmm_tma_tuning(const BmmTmaTuning& t) { g_tuning = t; }
+
+bool bmm_tma_eligible(const BmmTmaArgs& a) {
+  BmmPlan pl;
+  return plan_launch(a, current_device(), &pl);
+}
+
+bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {
+  BmmPlan pl;
+  if (!plan_launch(a, current_device(), &pl)) return false;
+  launch_planned(a, pl, stream);
+  return true;
+}
+
+void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {
+  LOCUS_CHECK(try_launch_bmm_tma(a, stream), "BMM TMA kernel: ineligible problem (M = ", a.m, ", N = ", a.n,
+              ", K = ", a.k, "; needs an sm_90 GPU, 1 <= M <= ", kBmmTmaMaxM, ", K <= ", kBmmTmaMaxK,
+              ", 16-byte aligned x, y and weights with strides of whole 16 bytes)");
 }
 
 }  // namespace locus::cuda::detail

@@ -1,8 +1,6 @@
 // Tensor-level entry points of the TMA-fed BMM (bmm_tma.h): the unpartitioned op and its
 // single-launch locality-domain form.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
 
@@ -10,6 +8,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/domain_table.h"
+#include "backends/cuda/env_settings.h"
 #include "backends/cuda/path_choice.h"
 #include "core/error.h"
 
@@ -25,8 +24,7 @@ std::atomic<int> g_enabled{-1};
 bool enabled() {
   int on = g_enabled.load();
   if (on < 0) {
-    const char* v = std::getenv("LOCUS_BMM_TMA");
-    on = v && std::strcmp(v, "0") == 0 ? 0 : 1;
+    on = detail::env_switch("LOCUS_BMM_TMA") ? 1 : 0;
     g_enabled.store(on);
   }
   return on == 1;
@@ -68,27 +66,8 @@ bool add_part(BmmTmaArgs* args, const Tensor& b, int64_t h0, int domain) {
   return true;
 }
 
-bool launch_if_eligible(const BmmTmaArgs& args, int device, void* stream) {
-  use_device(device);
-  if (!detail::bmm_tma_eligible(args)) return false;
-  detail::launch_bmm_tma(args, static_cast<cudaStream_t>(stream));
-  return true;
-}
-
-}  // namespace
-
-void set_bmm_tma_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
-
-bool bmm_tma(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
-  if (!enabled()) return false;
-  BmmTmaArgs args = base_args(a, y);
-  if (!add_part(&args, b, 0, 0)) return false;
-  return launch_if_eligible(args, a.device().index, stream);
-}
-
-namespace {
-
-// The partitioned problem as launch arguments; false when the kernel cannot take it.
+// The partitioned problem as launch arguments (the device made current); false when its shards
+// are not laid out for the kernel. Whether the kernel takes it is try_launch_bmm_tma's to say.
 bool domain_args(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                  const std::vector<DomainSlice>& slices, BmmTmaArgs* args) {
   if (!enabled() || b_shards.size() != slices.size()) return false;
@@ -99,6 +78,7 @@ bool domain_args(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
   *args = base_args(a, y);
   for (size_t p = 0; p < slices.size(); ++p)
     if (!add_part(args, b_shards[p], slices[p].n0, domain_of[p])) return false;
+  use_device(a.device().index);
   if (streams.size() > 1) {
     const detail::DomainTables& t = detail::domain_tables(streams);
     args->num_domains = static_cast<int32_t>(streams.size());
@@ -106,8 +86,7 @@ bool domain_args(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
     args->sm_rank = t.sm_rank;
     for (int d = 0; d < args->num_domains; ++d) args->domain_sms[d] = t.domain_sms[d];
   }
-  use_device(a.device().index);
-  return detail::bmm_tma_eligible(*args);
+  return true;
 }
 
 // What decides the partitioned BMM's speed: shapes, layouts, strides, dtypes, the parts' heads and
@@ -125,19 +104,27 @@ std::string problem_key(const BmmTmaArgs& args) {
 
 }  // namespace
 
+void set_bmm_tma_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
+
+bool bmm_tma(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
+  if (!enabled()) return false;
+  BmmTmaArgs args = base_args(a, y);
+  if (!add_part(&args, b, 0, 0)) return false;
+  use_device(a.device().index);
+  return detail::try_launch_bmm_tma(args, static_cast<cudaStream_t>(stream));
+}
+
 bool bmm_tma_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                      const std::vector<DomainSlice>& slices, void* caller) {
   BmmTmaArgs args;
-  if (!domain_args(a, b_shards, y, slices, &args)) return false;
-  detail::launch_bmm_tma(args, static_cast<cudaStream_t>(caller));
-  return true;
+  return domain_args(a, b_shards, y, slices, &args) && detail::try_launch_bmm_tma(args, static_cast<cudaStream_t>(caller));
 }
 
 bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                              const std::vector<DomainSlice>& slices, void* caller,
                              const std::function<void()>& fork_join) {
   BmmTmaArgs args;
-  if (!domain_args(a, b_shards, y, slices, &args)) return false;
+  if (!domain_args(a, b_shards, y, slices, &args) || !detail::bmm_tma_eligible(args)) return false;
   const auto stream = static_cast<cudaStream_t>(caller);
   detail::run_fastest_path(problem_key(args), {[&] { detail::launch_bmm_tma(args, stream); }, fork_join}, stream);
   return true;

@@ -7,8 +7,9 @@
 // BF16 cuBLAS's speed on the H200). Here a CTA streams a block of 256 weight rows (4 row groups)
 // per 64-K chunk through a cp.async ring and stages the chunk's activations once for all of them;
 // each warpgroup (one per row group at N = 32, one per two at N = 64 or with SwiGLU, where a
-// group's gate and up rows go together) dequantizes its rows into registers (the exact dequantization of mma_fragments.cuh) and issues wgmma.m64nNk16 with
-// the A operand from registers and the activations from shared memory (N = 32 or 64 tokens), so a
+// group's gate and up rows go together) dequantizes its rows into registers (the exact
+// dequantization of mma_fragments.cuh) and issues wgmma.m64nNk16 with the A operand from
+// registers and the activations from shared memory (N = 32 or 64 tokens), so a
 // chunk's weights are dequantized once whatever M is. The activations are copied in 4-byte pairs
 // into the K order of the dequantized registers (a permutation within each 64-K chunk).
 //

@@ -73,12 +73,18 @@ struct UnitQueue {
   }
 };
 
+// The id of the SM this CTA runs on (%smid).
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  return smid;
+}
+
 // The home domain of the SM this CTA runs on: its entry in the %smid -> domain table (nullptr:
 // every SM is domain 0); an SM outside every domain spreads over them by its id.
 __device__ __forceinline__ int home_domain(const uint8_t* sm_domain, int num_domains, uint8_t no_domain) {
   if (sm_domain == nullptr) return 0;
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned smid = sm_id();
   const uint8_t d = smid < 1024 ? sm_domain[smid] : no_domain;
   return d < num_domains ? d : static_cast<int>(smid % num_domains);
 }
