@@ -16,66 +16,63 @@ namespace {
 
 using namespace locus::testing;
 
-TEST(CudaPathChoice, TimesOnceThenRunsTheFasterPath) {
-  LOCUS_REQUIRE_GPU();
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  Tensor buf = Tensor::empty({64 << 20}, DType::kU8, Device::cuda(0));
-  int calls[2] = {0, 0};
+// A stream, a 64 MB buffer, and paths that memset it and count how often they are called.
+class CudaPathChoice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LOCUS_REQUIRE_GPU();
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), cudaSuccess);
+    buf_ = Tensor::empty({64 << 20}, DType::kU8, Device::cuda(0));
+  }
+  void TearDown() override {
+    if (s_) {
+      cudaStreamSynchronize(s_);
+      cudaStreamDestroy(s_);
+    }
+  }
+  // A path that counts its calls in calls_[i] and writes `bytes` of the buffer `times` times.
+  std::function<void()> memset_path(int i, size_t bytes, int times) {
+    return [this, i, bytes, times] {
+      ++calls_[i];
+      for (int r = 0; r < times; ++r) ASSERT_EQ(cudaMemsetAsync(buf_.data_ptr(), r, bytes, s_), cudaSuccess);
+    };
+  }
+  cudaStream_t s_ = nullptr;
+  Tensor buf_;
+  int calls_[2] = {0, 0};
+};
+
+TEST_F(CudaPathChoice, TimesOnceThenRunsTheFasterPath) {
   // Path 1 writes 64 MB 8 times, path 0 writes 1 MB once: path 0 is much faster.
-  const std::vector<std::function<void()>> paths = {
-      [&] {
-        ++calls[0];
-        ASSERT_EQ(cudaMemsetAsync(buf.data_ptr(), 0, 1 << 20, s), cudaSuccess);
-      },
-      [&] {
-        ++calls[1];
-        for (int i = 0; i < 8; ++i) ASSERT_EQ(cudaMemsetAsync(buf.data_ptr(), i, 64 << 20, s), cudaSuccess);
-      }};
+  const std::vector<std::function<void()>> paths = {memset_path(0, 1 << 20, 1), memset_path(1, 64 << 20, 8)};
   const std::string key = "path-choice-test:" + std::to_string(fresh_seed());
   EXPECT_EQ(cuda::detail::chosen_path(key), -1);
-  cuda::detail::run_fastest_path(key, paths, s);
+  cuda::detail::run_fastest_path(key, paths, s_);
   EXPECT_EQ(cuda::detail::chosen_path(key), 0);
-  EXPECT_EQ(calls[0], 5);  // timed 4 times, then run
-  EXPECT_EQ(calls[1], 4);
+  EXPECT_EQ(calls_[0], 5);  // timed 4 times, then run
+  EXPECT_EQ(calls_[1], 4);
   // The fast path listed second is found too.
   const std::string key2 = key + ":swapped";
-  cuda::detail::run_fastest_path(key2, {paths[1], paths[0]}, s);
+  cuda::detail::run_fastest_path(key2, {paths[1], paths[0]}, s_);
   EXPECT_EQ(cuda::detail::chosen_path(key2), 1);
-  calls[0] = calls[1] = 0;
-  cuda::detail::run_fastest_path(key, paths, s);
-  EXPECT_EQ(calls[0], 1);
-  EXPECT_EQ(calls[1], 0);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  cudaStreamDestroy(s);
+  calls_[0] = calls_[1] = 0;
+  cuda::detail::run_fastest_path(key, paths, s_);
+  EXPECT_EQ(calls_[0], 1);
+  EXPECT_EQ(calls_[1], 0);
 }
 
-TEST(CudaPathChoice, UnknownProblemInsideACaptureTakesTheFirstPathUntimed) {
-  LOCUS_REQUIRE_GPU();
-  cudaStream_t s = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  Tensor buf = Tensor::empty({1 << 20}, DType::kU8, Device::cuda(0));
-  int calls[2] = {0, 0};
-  const std::vector<std::function<void()>> paths = {
-      [&] {
-        ++calls[0];
-        ASSERT_EQ(cudaMemsetAsync(buf.data_ptr(), 1, 1 << 20, s), cudaSuccess);
-      },
-      [&] {
-        ++calls[1];
-        ASSERT_EQ(cudaMemsetAsync(buf.data_ptr(), 2, 1 << 20, s), cudaSuccess);
-      }};
+TEST_F(CudaPathChoice, UnknownProblemInsideACaptureTakesTheFirstPathUntimed) {
+  const std::vector<std::function<void()>> paths = {memset_path(0, 1 << 20, 1), memset_path(1, 1 << 20, 1)};
   const std::string key = "path-choice-capture:" + std::to_string(fresh_seed());
   cuda::Graph graph;
-  graph.begin_capture(s);
-  cuda::detail::run_fastest_path(key, paths, s);
+  graph.begin_capture(s_);
+  cuda::detail::run_fastest_path(key, paths, s_);
   graph.end_capture();
-  EXPECT_EQ(calls[0], 1);
-  EXPECT_EQ(calls[1], 0);
+  EXPECT_EQ(calls_[0], 1);
+  EXPECT_EQ(calls_[1], 0);
   EXPECT_EQ(cuda::detail::chosen_path(key), -1) << "a choice made inside a capture is not remembered";
-  graph.replay(s);
-  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  cudaStreamDestroy(s);
+  graph.replay(s_);
+  ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
 }
 
 }  // namespace
