@@ -74,6 +74,27 @@ TEST(CudaBmmTma, EveryTokenGroupAndLayoutMatchesFp64) {
   }
 }
 
+// Rings of 3 and 5 slots (K = 320 and 192), which the two consumer groups take in alternation, with
+// several units per CTA so that every slot is refilled many times.
+TEST(CudaBmmTma, OddRingsCycle) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  for (const int64_t K : {320, 192}) {
+    for (const int64_t M : {1, 16, 40}) {
+      MlaBuffers io(128, M, K, 512, DType::kBF16, seed + M);
+      Tensor w = randn({128, 512, K}, DType::kBF16, seed + M + 1, 0.05);
+      const std::vector<double> ref = ref_bmm_nk(io.a_host, w);
+      for (const bool n_contiguous : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " K " << K << " M " << M
+                                          << (n_contiguous ? " [K, N]" : " [N, K]"));
+        io.out.fill_nan_();
+        ASSERT_TRUE(cuda::bmm_tma(io.a, b_operand(w, n_contiguous), io.y, nullptr));
+        EXPECT_LT(rel_error(io.result(), ref), bf16_gemm_tolerance(K));
+      }
+    }
+  }
+}
+
 TEST(CudaBmmTma, MlaShapes) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -260,6 +281,81 @@ TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
     pb.check([&] { rep < 2 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
              "run " + std::to_string(rep));
   }
+}
+
+// Units longer than the ring (K = 512: two slots of 64 rows; more heads than SMs: whole heads of
+// 512 rows as units). A CTA copies its guessed rank's first slots before the claim and the rest of
+// that unit after it; with true ranks (every guess held) and with colliding ones (most guesses
+// taken: the unit is finished but not written).
+TEST_F(CudaBmmTmaDomains, UnitsLongerThanTheRing) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const int64_t M : {1, 24}) {
+    TwoDomainProblem pb(sms + 4, M, 512, 512, sms / 2);
+    for (const bool true_ranks : {true, false}) {
+      Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
+      auto* t = static_cast<uint8_t*>(host_tables.data_ptr());
+      for (int sm = 0; sm < 1024; ++sm) {
+        t[sm] = static_cast<uint8_t>(true_ranks ? sm % 2 : 0);
+        t[1024 + sm] = static_cast<uint8_t>(true_ranks ? sm / 2 : sm % 4);
+      }
+      Tensor tables = to_gpu(host_tables);
+      pb.args.sm_domain = tables.data<uint8_t>();
+      pb.args.sm_rank = tables.data<uint8_t>() + 1024;
+      pb.args.domain_sms[0] = (sms + 1) / 2;
+      pb.args.domain_sms[1] = sms / 2;
+      cuda::Graph graph;
+      graph.begin_capture(caller_);
+      cuda::detail::launch_bmm_tma(pb.args, caller_);
+      graph.end_capture();
+      for (int rep = 0; rep < 3; ++rep)
+        pb.check([&] { rep == 0 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
+                 std::string(true_ranks ? "true ranks" : "colliding ranks") + " M " + std::to_string(M) + " run " +
+                     std::to_string(rep));
+    }
+  }
+}
+
+// Every ring size the plan may pick (2-8 slots, set through the benchmark knob), on MLA's
+// q_nope x k_b shape: unpartitioned, then as one partitioned launch with true ranks.
+TEST_F(CudaBmmTmaDomains, EveryRingSize) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  TwoDomainProblem pb(128, 1, 512, 128, 64);
+  const Tensor kn = b_operand(pb.w, true);  // k_b's layout
+  Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
+  auto* t = static_cast<uint8_t*>(host_tables.data_ptr());
+  for (int sm = 0; sm < sms; ++sm) {
+    t[sm] = static_cast<uint8_t>(sm % 2);
+    t[1024 + sm] = static_cast<uint8_t>(sm / 2);
+  }
+  Tensor tables = to_gpu(host_tables);
+  cuda::detail::BmmTmaArgs whole = pb.args;
+  whole.num_parts = whole.num_domains = 1;
+  whole.parts[0].heads = 128;
+  whole.parts[0].domain = 0;
+  pb.args.sm_domain = tables.data<uint8_t>();
+  pb.args.sm_rank = tables.data<uint8_t>() + 1024;
+  pb.args.domain_sms[0] = (sms + 1) / 2;
+  pb.args.domain_sms[1] = sms / 2;
+  for (const int slots : {2, 3, 4, 5, 6, 7, 8}) {
+    cuda::detail::BmmTmaTuning tuning;
+    tuning.slots = slots;
+    cuda::detail::set_bmm_tma_tuning(tuning);
+    const std::string what = "slots " + std::to_string(slots);
+    pb.check([&] { cuda::detail::launch_bmm_tma(whole, caller_); }, caller_, "whole, " + what);
+    pb.check([&] { cuda::detail::launch_bmm_tma(pb.args, caller_); }, caller_, "parts, " + what);
+    pb.check([&] { ASSERT_TRUE(cuda::bmm_tma(pb.io.a, kn, pb.io.y, caller_)); }, caller_, "[K, N], " + what);
+    for (const bool parts : {false, true}) {
+      cuda::Graph graph;  // launches back to back, as in a model step
+      graph.begin_capture(caller_);
+      for (int i = 0; i < 8; ++i) cuda::detail::launch_bmm_tma(parts ? pb.args : whole, caller_);
+      graph.end_capture();
+      for (int rep = 0; rep < 3; ++rep)
+        pb.check([&] { graph.replay(caller_); }, caller_, (parts ? "graph of parts, " : "graph of wholes, ") + what);
+    }
+  }
+  cuda::detail::set_bmm_tma_tuning({});
 }
 
 }  // namespace

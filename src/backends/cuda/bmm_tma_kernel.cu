@@ -23,9 +23,11 @@
 namespace locus::cuda::detail {
 namespace {
 
-constexpr int kConsumerWarps = 4;
+constexpr int kGroupWarps = 4;                       // a consumer warpgroup
+constexpr int kConsumerGroups = 2;                   // they take alternate slots
+constexpr int kConsumerWarps = kGroupWarps * kConsumerGroups;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // + the producer warp
-constexpr int kSlotRows = 16 * kConsumerWarps;       // weight rows per slot: a 16-row tile per consumer warp
+constexpr int kSlotRows = 16 * kGroupWarps;          // weight rows per slot: a 16-row tile per warp of a group
 constexpr int kBoxK = 64;                            // 128 bytes: the swizzle span
 constexpr int kRowBytes = 128;                       // every box row in shared memory
 constexpr int kMaxSlots = 8;
@@ -43,6 +45,7 @@ struct BmmPlan {
   int32_t kn_box_rows;                      // n_contiguous: K rows per weight box
   int32_t slot_bytes, x_bytes;              // per slot (64 rows x k_pad) and per x buffer (m_pad x k_pad)
   int32_t out_bytes;                        // per output staging buffer (m_pad x 64 outputs)
+  int32_t out_buffers;                      // staging buffers per consumer group: 2, or 1 where memory is short
   int32_t slots, x_buffers;
   int32_t unit_rows, row_blocks;            // rows per unit (a multiple of 64) and units per head
   int32_t units[kBmmTmaMaxDomains];         // per domain: its parts' units end to end
@@ -60,12 +63,15 @@ enum : int32_t { kStaticUnits = 0, kRankUnits = 1, kQueuedUnits = 2 };
 constexpr int kMaxRanks = 256;  // per domain (ranks are bytes)
 
 // What the producer tells the consumers about a slot: its first row and head, its x buffer and
-// that buffer's fill phase, whether it is its unit's first / last slot; row0 < 0 ends the loop.
+// that buffer's fill phase, and flags; row0 < 0 ends the loop.
 struct SlotInfo {
   int32_t row0, head, x_buffer, flags;
 };
 // kSpeculative: copied before the CTA's rank was claimed; written out only if the claim held.
-constexpr int kFirstSlot = 1, kLastSlot = 2, kXPhase = 4, kSpeculative = 8;
+// Bits from kXReleaseShift on: for how many consumer groups this slot's group frees the unit's x
+// buffer: one on each group's last slot of the unit, and on the unit's last slot one more for
+// every group that takes none of its slots.
+constexpr int kXPhase = 4, kSpeculative = 8, kXReleaseShift = 8;
 
 struct Smem {
   uint64_t w_full[kMaxSlots], w_empty[kMaxSlots], x_full[kXBuffers], x_empty[kXBuffers];
@@ -114,35 +120,56 @@ struct Producer {
   Smem& s;
   uint32_t x_base, w_base;
   uint32_t item = 0, xi = 0;  // slots and x buffers filled so far
+  // The unit being copied: its part, head (within the part and of the whole), x buffer, first
+  // row, slots, the slots copied so far and its flags.
+  int u_part = 0, u_head = 0, u_gh = 0, u_xb = 0, u_r0 = 0, u_slots = 0, u_done = 0, u_flags = 0;
 
-  __device__ void issue(int domain, int unit, int extra_flags) {
-    int head, block;
-    const int p = decode_unit(a, pl, domain, unit, &head, &block);
-    const int gh = a.parts[p].head0 + head;
+  // Copies a unit's activations into the next x buffer; its weights follow by next_slot().
+  __device__ void begin(int domain, int unit, int extra_flags) {
+    int block;
+    u_part = decode_unit(a, pl, domain, unit, &u_head, &block);
+    u_gh = a.parts[u_part].head0 + u_head;
+    u_xb = static_cast<int>(xi % pl.x_buffers);
+    if (xi >= static_cast<uint32_t>(pl.x_buffers)) mbar_wait(smem_addr(&s.x_empty[u_xb]), (xi / pl.x_buffers - 1) & 1);
+    const uint32_t x_full = smem_addr(&s.x_full[u_xb]), x_dst = x_base + u_xb * pl.x_bytes;
     const int k_boxes = pl.k_pad / kBoxK;
-    const int xb = static_cast<int>(xi % pl.x_buffers);
-    if (xi >= static_cast<uint32_t>(pl.x_buffers)) mbar_wait(smem_addr(&s.x_empty[xb]), (xi / pl.x_buffers - 1) & 1);
-    const uint32_t x_full = smem_addr(&s.x_full[xb]), x_dst = x_base + xb * pl.x_bytes;
     mbar_expect(x_full, pl.x_bytes);
-    for (int kb = 0; kb < k_boxes; ++kb) tensor_copy_3d(x_dst + kb * (pl.x_bytes / k_boxes), &maps.x, kb * kBoxK, 0, gh, x_full);
-    const int r0 = block * pl.unit_rows, r1 = min(a.n, r0 + pl.unit_rows);
-    for (int row0 = r0; row0 < r1; row0 += kSlotRows, ++item) {
-      const int sl = static_cast<int>(item % pl.slots);
-      if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
-      const int flags = (row0 == r0 ? kFirstSlot : 0) | (row0 + kSlotRows >= r1 ? kLastSlot : 0) |
-                        ((xi / pl.x_buffers) & 1 ? kXPhase : 0) | extra_flags;
-      s.info[sl] = SlotInfo{row0, gh, xb, flags};
-      const uint32_t full = smem_addr(&s.w_full[sl]), dst = w_base + sl * pl.slot_bytes;
-      mbar_expect(full, pl.slot_bytes);
-      if (kNC) {
-        for (int kr = 0; kr < pl.k_pad; kr += pl.kn_box_rows)
-          tensor_copy_3d(dst + kr * kRowBytes, &maps.w[p], row0, kr, head, full);
-      } else {
-        for (int kb = 0; kb < k_boxes; ++kb)
-          tensor_copy_3d(dst + kb * kSlotRows * kRowBytes, &maps.w[p], kb * kBoxK, row0, head, full);
-      }
-    }
+    for (int kb = 0; kb < k_boxes; ++kb) tensor_copy_3d(x_dst + kb * (pl.x_bytes / k_boxes), &maps.x, kb * kBoxK, 0, u_gh, x_full);
+    u_r0 = block * pl.unit_rows;
+    u_slots = (min(a.n, u_r0 + pl.unit_rows) - u_r0 + kSlotRows - 1) / kSlotRows;
+    u_done = 0;
+    u_flags = ((xi / pl.x_buffers) & 1 ? kXPhase : 0) | extra_flags;
     ++xi;
+  }
+  __device__ bool unit_copied() const { return u_done == u_slots; }
+  // Whether the next slot is free without waiting.
+  __device__ bool slot_free() const { return item < static_cast<uint32_t>(pl.slots); }
+
+  // Copies the unit's next 64 weight rows into the next slot.
+  __device__ void next_slot() {
+    const int j = u_done++, row0 = u_r0 + j * kSlotRows;
+    const int sl = static_cast<int>(item % pl.slots);
+    if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+    // Item i goes to group i % kConsumerGroups, so the unit's last kConsumerGroups slots are each a
+    // different group's last.
+    const int x_releases = (j >= u_slots - kConsumerGroups) + (j == u_slots - 1 ? max(0, kConsumerGroups - u_slots) : 0);
+    s.info[sl] = SlotInfo{row0, u_gh, u_xb, (x_releases << kXReleaseShift) | u_flags};
+    const uint32_t full = smem_addr(&s.w_full[sl]), dst = w_base + sl * pl.slot_bytes;
+    mbar_expect(full, pl.slot_bytes);
+    if (kNC) {
+      for (int kr = 0; kr < pl.k_pad; kr += pl.kn_box_rows)
+        tensor_copy_3d(dst + kr * kRowBytes, &maps.w[u_part], row0, kr, u_head, full);
+    } else {
+      for (int kb = 0; kb < pl.k_pad / kBoxK; ++kb)
+        tensor_copy_3d(dst + kb * kSlotRows * kRowBytes, &maps.w[u_part], kb * kBoxK, row0, u_head, full);
+    }
+    ++item;
+  }
+
+  // A whole unit.
+  __device__ void issue(int domain, int unit, int extra_flags) {
+    begin(domain, unit, extra_flags);
+    while (!unit_copied()) next_slot();
   }
 
   // Asks L2 for a unit's weights before the previous kernel ends (weights are not its outputs).
@@ -152,12 +179,14 @@ struct Producer {
     prefetch_unit<kNC>(a, pl, p, head, block);
   }
 
-  // The slot after the last one says "no more".
+  // The next slot of each consumer group says "no more".
   __device__ void finish() {
-    const int sl = static_cast<int>(item % pl.slots);
-    if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
-    s.info[sl].row0 = -1;
-    mbar_arrive(smem_addr(&s.w_full[sl]));
+    for (int g = 0; g < kConsumerGroups; ++g, ++item) {
+      const int sl = static_cast<int>(item % pl.slots);
+      if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+      s.info[sl].row0 = -1;
+      mbar_arrive(smem_addr(&s.w_full[sl]));
+    }
   }
 };
 
@@ -197,14 +226,21 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     if (speculate) pr.prefetch(domain, rank);
     wait_for_previous_grid();  // before the activations and the claims
     // Every launch adds total_ctas arrivals and claims every rank once: the launch's number. The
-    // arrival is asked first; its answer is needed only after the first unit's copies are issued.
+    // arrival is asked first; its answer is needed only after the guessed rank's first copies.
     const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
-    if (speculate) pr.issue(domain, rank, kSpeculative);
+    // The guessed rank's first unit, as far as the ring takes it without waiting (consumers hold
+    // speculative slots until the claim is known); the rest of it follows the claim. (Copying its
+    // later units before the claim too made 128 x 512 x 128 slower: 9.1 against 8.3 us at M = 1.)
+    if (speculate) {
+      pr.begin(domain, rank, kSpeculative);
+      while (!pr.unit_copied() && pr.slot_free()) pr.next_slot();
+    }
     const unsigned launch = static_cast<unsigned>(arrival / pl.total_ctas);
     const bool held = guess && claim_rank(a, pl, launch, domain, rank);
     if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
     s.claim_held = held;
     mbar_arrive(smem_addr(&s.claimed));
+    while (!pr.unit_copied()) pr.next_slot();  // the begun unit, still speculative
     if (domain >= 0)
       for (int u = held ? rank + a.domain_sms[domain] : rank; u < pl.units[domain]; u += a.domain_sms[domain])
         pr.issue(domain, u, 0);
@@ -218,9 +254,9 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   pr.finish();
 }
 
-// A barrier of the consumer warps alone (named barrier 1; the producer never waits on it).
-__device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * kConsumerWarps) : "memory");
+// A barrier of one consumer group's warps (named barrier 1 + group; the others never wait on it).
+__device__ __forceinline__ void group_sync(int group) {
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "n"(32 * kGroupWarps) : "memory");
 }
 __device__ __forceinline__ void sts16(uint32_t addr, unsigned short v) {
   asm volatile("st.shared.u16 [%0], %1;" ::"r"(addr), "h"(v) : "memory");
@@ -229,10 +265,11 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
 
-// A consumer warp: rows 16 warp .. 16 warp + 15 of every slot, NT groups of 8 tokens.
+// Warp `warp` of consumer group `group`: rows 16 warp .. 16 warp + 15 of the group's slots (items
+// group, group + 2, ...), NT groups of 8 tokens.
 template <int NT, bool kNC>
 __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& maps, Smem& s, uint32_t x_base,
-                        uint32_t w_base, uint32_t out_base, int warp, int lane) {
+                        uint32_t w_base, uint32_t out_base, int group, int warp, int lane) {
   constexpr int kMPad = 8 * NT;
   const int steps = pl.k_pad / 16;
   // Per-lane parts of the ldmatrix addresses (128-byte swizzle: chunk c of row r sits at
@@ -254,14 +291,17 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   for (int st = 0; st < 4; ++st) b_off[st] = (8 * (quad >> 1) + sw) * kRowBytes + (((2 * st + (quad & 1)) ^ sw) << 4);
   const int x_box = kMPad * kRowBytes;  // one 64-K box of the activations
   const int g = lane >> 2, t = lane & 3;
-  uint32_t stores = 0;  // output tiles stored so far (they alternate between two staging buffers)
+  uint32_t stores = 0;  // output tiles stored so far (they alternate between the group's two buffers)
+  const bool leader = threadIdx.x == 32 * kGroupWarps * group;  // issues the group's TMA stores
 
-  for (uint32_t item = 0;; ++item) {
+  for (uint32_t item = group;; item += kConsumerGroups) {
     const int sl = static_cast<int>(item % pl.slots);
     mbar_wait(smem_addr(&s.w_full[sl]), (item / pl.slots) & 1);
     const SlotInfo info = s.info[sl];
     if (info.row0 < 0) break;
-    if (info.flags & kFirstSlot) mbar_wait(smem_addr(&s.x_full[info.x_buffer]), (info.flags & kXPhase) ? 1 : 0);
+    // The x buffer's fill for this unit has landed (an earlier wait of this fill returns at once:
+    // the buffer is not refilled before both groups free it).
+    mbar_wait(smem_addr(&s.x_full[info.x_buffer]), (info.flags & kXPhase) ? 1 : 0);
     const uint32_t w = w_base + sl * pl.slot_bytes, x = x_base + info.x_buffer * pl.x_bytes;
     float acc[NT][4] = {};
     // The warp's A fragments of k step kb * 4 + st.
@@ -316,7 +356,8 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     __syncwarp();
     if (lane == 0) {
       mbar_arrive(smem_addr(&s.w_empty[sl]));
-      if (info.flags & kLastSlot) mbar_arrive(smem_addr(&s.x_empty[info.x_buffer]));
+      const int x_releases = info.flags >> kXReleaseShift;
+      if (x_releases > 0) mbar_arrive(smem_addr(&s.x_empty[info.x_buffer]), x_releases);
     }
     if (info.flags & kSpeculative) {
       mbar_wait(smem_addr(&s.claimed), 0);
@@ -339,10 +380,13 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     }
     // More tokens: the slot's outputs [m_pad tokens][64 rows] go to a staging buffer and out by one
     // TMA store (whole lines; the tensor map drops what lies past M or N), not as 16-byte pieces.
-    // The buffer was last used two tiles ago: thread 0 waits for that store to have read it.
-    const uint32_t out = out_base + (stores & 1) * pl.out_bytes;
-    if (threadIdx.x == 0) bulk_wait_read<1>();
-    consumers_sync();
+    // The group's leader waits for the buffer's last store (one or two tiles ago) to have read it.
+    const uint32_t out = out_base + (group * pl.out_buffers + stores % pl.out_buffers) * pl.out_bytes;
+    if (leader) {
+      if (pl.out_buffers == 2) bulk_wait_read<1>();
+      else bulk_wait_read<0>();
+    }
+    group_sync(group);
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -352,14 +396,14 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
         else sts16(out + at * 2, __bfloat16_as_ushort(__float2bfloat16_rn(acc[j][e])));
       }
     fence_proxy_async_shared();  // the writes are seen by the TMA store
-    consumers_sync();
-    if (threadIdx.x == 0) {
+    group_sync(group);
+    if (leader) {
       tensor_store_3d(&maps.y, out, info.row0, 0, info.head);
       bulk_commit();
     }
     ++stores;
   }
-  if (threadIdx.x == 0) bulk_wait_all();
+  if (leader) bulk_wait_all();
 }
 
 template <int NT, bool kNC>
@@ -375,11 +419,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < pl.slots; ++i) {
       mbar_init(smem_addr(&s.w_full[i]), 1);
-      mbar_init(smem_addr(&s.w_empty[i]), kConsumerWarps);
+      mbar_init(smem_addr(&s.w_empty[i]), kGroupWarps);  // one group takes a slot
     }
     for (int i = 0; i < pl.x_buffers; ++i) {
       mbar_init(smem_addr(&s.x_full[i]), 1);
-      mbar_init(smem_addr(&s.x_empty[i]), kConsumerWarps);
+      mbar_init(smem_addr(&s.x_empty[i]), kConsumerWarps);  // both groups free a unit's x
     }
     mbar_init(smem_addr(&s.claimed), 1);
     mbar_init_fence();
@@ -396,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   wait_for_previous_grid();  // before the outputs are written
-  consume<NT, kNC>(a, pl, maps, s, x_base, w_base, out_base, warp, lane);
+  consume<NT, kNC>(a, pl, maps, s, x_base, w_base, out_base, warp / kGroupWarps, warp % kGroupWarps, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,12 +497,17 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   const int per_sm = ctas_per_sm(a);
   const int room = per_sm == 1 ? optin_smem(device)
                                 : device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor) / per_sm - 1024;
-  const int budget = room - 1024 - static_cast<int>(sizeof(Smem)) - 2 * pl.out_bytes;
-  pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
-  // About 128 KB of weights in flight per SM covers the memory latency.
-  pl.slots = std::min({kMaxSlots, std::max(2, (128 << 10) / (pl.slot_bytes * per_sm)),
-                       (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
-  if (g_tuning.slots >= 2) pl.slots = std::min(pl.slots, g_tuning.slots);
+  // Two staging buffers per group, or one where two leave no room for two slots (K = 512 with
+  // 33-64 tokens and fp32 outputs).
+  for (pl.out_buffers = 2; pl.out_buffers >= 1; --pl.out_buffers) {
+    const int budget = room - 1024 - static_cast<int>(sizeof(Smem)) - kConsumerGroups * pl.out_buffers * pl.out_bytes;
+    pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
+    // About 128 KB of weights in flight per SM covers the memory latency.
+    // (The benchmark knob sets the count, within the memory.)
+    const int wanted = g_tuning.slots >= 2 ? g_tuning.slots : std::max(2, (128 << 10) / (pl.slot_bytes * per_sm));
+    pl.slots = std::min({kMaxSlots, wanted, (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
+    if (pl.slots >= 2) break;
+  }
   return pl;
 }
 
@@ -491,7 +540,8 @@ void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
 
 template <int NT, bool kNC>
 void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
-  const int smem_bytes = pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + 2 * pl.out_bytes + 1024;
+  const int smem_bytes =
+      pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
   auto* kernel = bmm_tma_kernel<NT, kNC>;
   {  // once per device: allow every size size_plan may pick
     static std::mutex mu;

@@ -21,6 +21,10 @@ __device__ __forceinline__ void mbar_expect(uint32_t bar, int bytes) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// `count` plain arrivals at once.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar, int count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
 // Waits until the phase with parity `parity` has completed (acquire).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
