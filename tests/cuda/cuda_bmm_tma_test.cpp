@@ -74,9 +74,10 @@ TEST(CudaBmmTma, EveryTokenGroupAndLayoutMatchesFp64) {
   }
 }
 
-// Rings of 3 and 5 slots (K = 320 and 192), which the two consumer groups take in alternation, with
-// several units per CTA so that every slot is refilled many times.
-TEST(CudaBmmTma, OddRingsCycle) {
+// K = 320 and 192 (rings of 2 and 4 slots: the 3 and 5 that 128 KB in flight would ask for, rounded
+// down to whole slots per consumer group), with several units per CTA so that every slot is
+// refilled many times.
+TEST(CudaBmmTma, RingsAreRefilledManyTimes) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   for (const int64_t K : {320, 192}) {
@@ -316,8 +317,11 @@ TEST_F(CudaBmmTmaDomains, UnitsLongerThanTheRing) {
   }
 }
 
-// Every ring size the plan may pick (2-8 slots, set through the benchmark knob), on MLA's
-// q_nope x k_b shape: unpartitioned, then as one partitioned launch with true ranks.
+// The ring is a whole number of slots per consumer group (so that each slot is always the same
+// group's: with a ring of 3 the kernel read slots before their copies landed and hung or faulted,
+// 2026-12-04), for the built-in choice at every K and token group and for every size the benchmark
+// knob asks for. Each of those sizes on MLA's q_nope x k_b shape: unpartitioned, as one partitioned
+// launch with true ranks, in the [K, N] layout, and in graphs of back-to-back launches.
 TEST_F(CudaBmmTmaDomains, EveryRingSize) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
@@ -338,11 +342,23 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
   pb.args.sm_rank = tables.data<uint8_t>() + 1024;
   pb.args.domain_sms[0] = (sms + 1) / 2;
   pb.args.domain_sms[1] = sms / 2;
+  for (int k = 64; k <= 512; k += 64)
+    for (const int m : {1, 9, 17, 33, 64})
+      for (const bool f32 : {false, true}) {
+        cuda::detail::BmmTmaArgs a = whole;
+        a.k = k;
+        a.m = m;
+        a.y_f32 = f32;
+        const int ring = cuda::detail::bmm_tma_ring_slots(a);
+        EXPECT_TRUE(ring >= 2 && ring % 2 == 0) << "K " << k << " M " << m << (f32 ? " fp32" : " bf16") << ": " << ring;
+      }
   for (const int slots : {2, 3, 4, 5, 6, 7, 8}) {
     cuda::detail::BmmTmaTuning tuning;
     tuning.slots = slots;
     cuda::detail::set_bmm_tma_tuning(tuning);
     const std::string what = "slots " + std::to_string(slots);
+    EXPECT_EQ(cuda::detail::bmm_tma_ring_slots(whole), slots - slots % 2) << what;
+    EXPECT_EQ(cuda::detail::bmm_tma_ring_slots(pb.args), slots - slots % 2) << what;
     pb.check([&] { cuda::detail::launch_bmm_tma(whole, caller_); }, caller_, "whole, " + what);
     pb.check([&] { cuda::detail::launch_bmm_tma(pb.args, caller_); }, caller_, "parts, " + what);
     pb.check([&] { ASSERT_TRUE(cuda::bmm_tma(pb.io.a, kn, pb.io.y, caller_)); }, caller_, "[K, N], " + what);

@@ -24,10 +24,11 @@
 //     stays on its SMs;
 //   - several, without rank tables: atomic counters, own domain first, then stealing (unit_queue.cuh).
 // Per unit it copies the head's activations [M, K] into one of two x buffers and the unit's
-// weights, 64 rows at a time, into a ring of slots: all by TMA tensor copies in 128-byte swizzled
-// boxes of 64 K (elements outside the tensors arrive as zeros, so N, M and K need not be multiples
-// of the boxes). Two consumer warpgroups take alternate slots, so that one slot's multiply and
-// stores overlap the next one's (with one group the kernel took 1.15-1.4x as long on the H200).
+// weights, 64 rows at a time, into a ring of an even number of slots: all by TMA tensor copies in
+// 128-byte swizzled boxes of 64 K (elements outside the tensors arrive as zeros, so N, M and K need
+// not be multiples of the boxes). Two consumer warpgroups take alternate slots, so that one slot's
+// multiply and stores overlap the next one's (with one group the kernel took 1.15-1.4x as long on
+// the H200).
 // Warp w of a group multiplies rows 16 w..16 w + 15 of its slot over the whole K (A fragments by
 // ldmatrix; mma.sync m16n8k16 with tokens on the n side, or for 17..64 tokens wgmma m64nNk16
 // reading the tokens from shared memory; fp32 sums). Up to 16 tokens the warps store their
@@ -81,6 +82,9 @@ struct BmmTmaArgs {
 // tensor-map entry point; 1 <= M <= 64, 1 <= K <= 512; 16-byte aligned x, y and weights with
 // strides of whole 16 bytes; parts over 1..8 domains. A false answer launches nothing.
 bool bmm_tma_eligible(const BmmTmaArgs& a);
+// The weight slots in the ring the kernel would use for `a` (a whole number per consumer group);
+// 0 when it is not eligible.
+int bmm_tma_ring_slots(const BmmTmaArgs& a);
 // Launches on `stream` (capturable) when the problem is eligible, checking it once; false, with
 // nothing launched, when it is not.
 bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
@@ -90,7 +94,7 @@ void launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
 // Knobs for benchmarks (0: the built-in choice).
 struct BmmTmaTuning {
   int splits = 0;  // units per head (the unit rows are the head's rows / splits, in 64s)
-  int slots = 0;   // this many weight slots in the ring (>= 2; fewer where shared memory is short)
+  int slots = 0;   // this many weight slots in the ring (>= 2; rounded down to even, fewer where memory is short)
   int dependent_launch = 1;  // 0: plain stream order instead of a programmatic dependent launch
   int l2_promotion = 256;    // the tensor maps' L2 fetch size in bytes: 0 (none), 128 or 256
   int ctas_per_sm = 1;       // one domain only: CTAs per SM (sharing its memory and the ring bytes)

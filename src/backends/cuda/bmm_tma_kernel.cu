@@ -483,7 +483,7 @@ int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 int ctas_per_sm(const BmmTmaArgs& a) { return a.num_domains == 1 && g_tuning.ctas_per_sm > 1 ? g_tuning.ctas_per_sm : 1; }
 
-// Slot and buffer sizes for the problem; slots < 2 when it does not fit the device.
+// Slot and buffer sizes for the problem; slots < kConsumerGroups when it does not fit the device.
 BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   BmmPlan pl{};
   pl.k_pad = (a.k + kBoxK - 1) / kBoxK * kBoxK;
@@ -506,7 +506,12 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
     // (The benchmark knob sets the count, within the memory.)
     const int wanted = g_tuning.slots >= 2 ? g_tuning.slots : std::max(2, (128 << 10) / (pl.slot_bytes * per_sm));
     pl.slots = std::min({kMaxSlots, wanted, (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
-    if (pl.slots >= 2) break;
+    // A whole number of slots per group, so that every slot is always the same group's: a group
+    // tells a slot's fills apart by phase parity alone, which is sound only where the slot's
+    // previous fill was one it consumed itself (and so has landed). With 3 slots, a group waiting
+    // for item i could take the unlanded fill of item i - 3, the other group's, for its own.
+    pl.slots -= pl.slots % kConsumerGroups;
+    if (pl.slots >= kConsumerGroups) break;
   }
   return pl;
 }
@@ -621,7 +626,7 @@ bool plan_launch(const BmmTmaArgs& a, int device, BmmPlan* pl) {
   }
   if (!device_has_tma(device)) return false;
   *pl = size_plan(a, device);
-  return pl->slots >= 2;
+  return pl->slots >= kConsumerGroups;
 }
 
 int current_device() {
@@ -659,6 +664,11 @@ void set_bmm_tma_tuning(const BmmTmaTuning& t) { g_tuning = t; }
 bool bmm_tma_eligible(const BmmTmaArgs& a) {
   BmmPlan pl;
   return plan_launch(a, current_device(), &pl);
+}
+
+int bmm_tma_ring_slots(const BmmTmaArgs& a) {
+  BmmPlan pl;
+  return plan_launch(a, current_device(), &pl) ? pl.slots : 0;
 }
 
 bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {

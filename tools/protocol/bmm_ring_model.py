@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""A model of the BMM TMA kernel's slot protocol (src/backends/cuda/bmm_tma_kernel.cu), run under
+random interleavings to find a consumer that reads a slot or an x buffer before its copy landed.
+
+One producer copies units (activations into one of XB x buffers, then the unit's weight slots into
+a ring of S slots) and finishes with one sentinel slot per consumer group; G consumer groups of W
+warps take items g, g + G, ... Barriers follow PTX mbarrier semantics: a phase completes when its
+arrivals are in and its expected bytes landed; a wait on parity P returns once the current phase's
+parity differs from P. Copies land in any order, as TMA copies do.
+
+usage: tools/protocol/bmm_ring_model.py [--seeds N]   (prints, per ring size, whether it is sound)
+"""
+import random
+import sys
+
+
+class Barrier:
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase, self.pending = self.phase + 1, self.count
+
+    def arrive(self, n=1):
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._complete()
+
+    def expect(self, nbytes):  # arrive.expect_tx
+        self.tx += nbytes
+        self.arrive()
+
+    def land(self, nbytes):  # a copy's complete_tx
+        self.tx -= nbytes
+        self._complete()
+
+    def passed(self, parity):  # try_wait.parity
+        return (self.phase & 1) != parity
+
+
+def run(slots, groups, warps, x_buffers, unit_slots, rng):
+    w_full = [Barrier(1) for _ in range(slots)]
+    w_empty = [Barrier(warps) for _ in range(slots)]
+    x_full = [Barrier(1) for _ in range(x_buffers)]
+    x_empty = [Barrier(warps * groups) for _ in range(x_buffers)]
+    info, slot_holds, x_holds, in_flight = [None] * slots, [None] * slots, [None] * x_buffers, []
+
+    def producer():
+        item = xi = 0
+        for unit, n in enumerate(unit_slots):
+            xb = xi % x_buffers
+            if xi >= x_buffers:
+                while not x_empty[xb].passed((xi // x_buffers - 1) & 1):
+                    yield
+            x_full[xb].expect(1)
+            in_flight.append((x_full[xb], x_holds, xb, unit))
+            for j in range(n):
+                sl = item % slots
+                if item >= slots:
+                    while not w_empty[sl].passed((item // slots - 1) & 1):
+                        yield
+                releases = (j >= n - groups) + (max(0, groups - n) if j == n - 1 else 0)
+                info[sl] = dict(item=item, unit=unit, xb=xb, x_parity=(xi // x_buffers) & 1, releases=releases)
+                w_full[sl].expect(1)
+                in_flight.append((w_full[sl], slot_holds, sl, item))
+                item += 1
+                yield
+            xi += 1
+        for _ in range(groups):
+            sl = item % slots
+            if item >= slots:
+                while not w_empty[sl].passed((item // slots - 1) & 1):
+                    yield
+            info[sl] = dict(item=item, last=True)
+            w_full[sl].arrive()
+            item += 1
+            yield
+
+    def warp(group):
+        item = group
+        while True:
+            sl = item % slots
+            while not w_full[sl].passed((item // slots) & 1):
+                yield
+            slot = info[sl]
+            assert slot["item"] == item, f"a group-{group} warp took item {slot['item']}'s slot for item {item}"
+            if slot.get("last"):
+                return
+            while not x_full[slot["xb"]].passed(slot["x_parity"]):
+                yield
+            assert slot_holds[sl] == item, f"item {item}'s slot read before its copy landed"
+            assert x_holds[slot["xb"]] == slot["unit"], f"unit {slot['unit']}'s activations read before they landed"
+            yield  # the multiply
+            w_empty[sl].arrive()
+            if slot["releases"]:
+                x_empty[slot["xb"]].arrive(slot["releases"])
+            item += groups
+
+    actors = [producer()] + [warp(g) for g in range(groups) for _ in range(warps)]
+    for _ in range(200000):
+        if not actors and not in_flight:
+            return None
+        k = rng.randrange(len(actors) + len(in_flight))
+        if k < len(actors):
+            try:
+                next(actors[k])
+            except StopIteration:
+                actors.pop(k)
+        else:
+            barrier, holds, index, value = in_flight.pop(k - len(actors))
+            holds[index] = value
+            barrier.land(1)
+    return "no progress (a deadlock)"
+
+
+def main():
+    seeds = int(sys.argv[sys.argv.index("--seeds") + 1]) if "--seeds" in sys.argv else 200
+    units = ([4, 4], [1, 1, 1, 1], [8], [2, 3, 1, 4])  # slots per unit, one CTA's units
+    for slots in range(2, 9):
+        found = None
+        for unit_slots in units:
+            for x_buffers in (1, 2):
+                for seed in range(seeds):
+                    try:
+                        err = run(slots, 2, 4, x_buffers, unit_slots, random.Random(seed))
+                    except AssertionError as e:
+                        err = str(e)
+                    if err:
+                        found = f"{err} (units {unit_slots}, {x_buffers} x buffers, seed {seed})"
+                        break
+                if found:
+                    break
+            if found:
+                break
+        print(f"{slots} slots, 2 groups: {'UNSOUND: ' + found if found else 'sound in every run'}")
+
+
+if __name__ == "__main__":
+    main()
