@@ -8,7 +8,8 @@ warps take items g, g + G, ... Barriers follow PTX mbarrier semantics: a phase c
 arrivals are in and its expected bytes landed; a wait on parity P returns once the current phase's
 parity differs from P. Copies land in any order, as TMA copies do.
 
-usage: tools/protocol/bmm_ring_model.py [--seeds N]   (prints, per ring size, whether it is sound)
+usage: tools/protocol/bmm_ring_model.py [--groups G] [--seeds N]
+       (prints, per ring size, whether it is sound; the kernel has 2 groups)
 """
 import random
 import sys
@@ -84,6 +85,7 @@ def run(slots, groups, warps, x_buffers, unit_slots, rng):
             while not w_full[sl].passed((item // slots) & 1):
                 yield
             slot = info[sl]
+            assert slot is not None, f"a group-{group} warp read slot {sl} before its first copy was asked for"
             assert slot["item"] == item, f"a group-{group} warp took item {slot['item']}'s slot for item {item}"
             if slot.get("last"):
                 return
@@ -115,7 +117,10 @@ def run(slots, groups, warps, x_buffers, unit_slots, rng):
 
 
 def main():
-    seeds = int(sys.argv[sys.argv.index("--seeds") + 1]) if "--seeds" in sys.argv else 200
+    def option(name, default):
+        return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+    seeds, groups = option("--seeds", 200), option("--groups", 2)
     units = ([4, 4], [1, 1, 1, 1], [8], [2, 3, 1, 4])  # slots per unit, one CTA's units
     for slots in range(2, 9):
         found = None
@@ -123,7 +128,7 @@ def main():
             for x_buffers in (1, 2):
                 for seed in range(seeds):
                     try:
-                        err = run(slots, 2, 4, x_buffers, unit_slots, random.Random(seed))
+                        err = run(slots, groups, 4, x_buffers, unit_slots, random.Random(seed))
                     except AssertionError as e:
                         err = str(e)
                     if err:
@@ -133,7 +138,7 @@ def main():
                     break
             if found:
                 break
-        print(f"{slots} slots, 2 groups: {'UNSOUND: ' + found if found else 'sound in every run'}")
+        print(f"{slots} slots, {groups} groups: {'UNSOUND: ' + found if found else 'sound in every run'}")
 
 
 if __name__ == "__main__":
