@@ -245,6 +245,31 @@ struct TwoDomainProblem {
   }
 };
 
+// Rank tables for `args` (kept alive by the returned device tensor): SM s is rank rank_of(s) of
+// domain domain_of(s); domain 0 has (sms + 1) / 2 ranks, domain 1 sms / 2.
+Tensor set_rank_tables(cuda::detail::BmmTmaArgs& args, int sms, const std::function<int(int)>& domain_of,
+                       const std::function<int(int)>& rank_of) {
+  Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
+  auto* t = static_cast<uint8_t*>(host_tables.data_ptr());
+  for (int sm = 0; sm < 1024; ++sm) {
+    t[sm] = static_cast<uint8_t>(domain_of(sm));
+    t[1024 + sm] = static_cast<uint8_t>(rank_of(sm));
+  }
+  Tensor tables = to_gpu(host_tables);
+  args.sm_domain = tables.data<uint8_t>();
+  args.sm_rank = tables.data<uint8_t>() + 1024;
+  args.domain_sms[0] = (sms + 1) / 2;
+  args.domain_sms[1] = sms / 2;
+  return tables;
+}
+
+// Every SM its own rank: even SMs in domain 0, odd ones in domain 1.
+int sm_parity(int sm) { return sm % 2; }
+int half_sm(int sm) { return sm / 2; }
+// Colliding guesses: every SM claims to be one of domain 0's first four ranks.
+int domain_0(int) { return 0; }
+int one_of_four(int sm) { return sm % 4; }
+
 // Correctness never depends on where CTAs land. Without rank tables (atomic counters): with every
 // SM mapped to domain 0, domain 1's heads are all stolen; with no table, likewise.
 TEST_F(CudaBmmTmaDomains, DomainWithoutSmsIsStolen) {
@@ -266,13 +291,7 @@ TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
   TwoDomainProblem pb(24, 9, 512, 128, 10);
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
-  for (int sm = 0; sm < 1024; ++sm) static_cast<uint8_t*>(host_tables.data_ptr())[1024 + sm] = static_cast<uint8_t>(sm % 4);
-  Tensor tables = to_gpu(host_tables);
-  pb.args.sm_domain = tables.data<uint8_t>();
-  pb.args.sm_rank = tables.data<uint8_t>() + 1024;
-  pb.args.domain_sms[0] = sms / 2;
-  pb.args.domain_sms[1] = sms - sms / 2;
+  const Tensor tables = set_rank_tables(pb.args, sms, domain_0, one_of_four);
   cuda::Graph graph;
   graph.begin_capture(caller_);
   cuda::detail::launch_bmm_tma(pb.args, caller_);
@@ -294,17 +313,8 @@ TEST_F(CudaBmmTmaDomains, UnitsLongerThanTheRing) {
   for (const int64_t M : {1, 24}) {
     TwoDomainProblem pb(sms + 4, M, 512, 512, sms / 2);
     for (const bool true_ranks : {true, false}) {
-      Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
-      auto* t = static_cast<uint8_t*>(host_tables.data_ptr());
-      for (int sm = 0; sm < 1024; ++sm) {
-        t[sm] = static_cast<uint8_t>(true_ranks ? sm % 2 : 0);
-        t[1024 + sm] = static_cast<uint8_t>(true_ranks ? sm / 2 : sm % 4);
-      }
-      Tensor tables = to_gpu(host_tables);
-      pb.args.sm_domain = tables.data<uint8_t>();
-      pb.args.sm_rank = tables.data<uint8_t>() + 1024;
-      pb.args.domain_sms[0] = (sms + 1) / 2;
-      pb.args.domain_sms[1] = sms / 2;
+      const Tensor tables = true_ranks ? set_rank_tables(pb.args, sms, sm_parity, half_sm)
+                                       : set_rank_tables(pb.args, sms, domain_0, one_of_four);
       cuda::Graph graph;
       graph.begin_capture(caller_);
       cuda::detail::launch_bmm_tma(pb.args, caller_);
@@ -327,21 +337,11 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   TwoDomainProblem pb(128, 1, 512, 128, 64);
   const Tensor kn = b_operand(pb.w, true);  // k_b's layout
-  Tensor host_tables = Tensor::zeros({2048}, DType::kU8);
-  auto* t = static_cast<uint8_t*>(host_tables.data_ptr());
-  for (int sm = 0; sm < sms; ++sm) {
-    t[sm] = static_cast<uint8_t>(sm % 2);
-    t[1024 + sm] = static_cast<uint8_t>(sm / 2);
-  }
-  Tensor tables = to_gpu(host_tables);
   cuda::detail::BmmTmaArgs whole = pb.args;
   whole.num_parts = whole.num_domains = 1;
   whole.parts[0].heads = 128;
   whole.parts[0].domain = 0;
-  pb.args.sm_domain = tables.data<uint8_t>();
-  pb.args.sm_rank = tables.data<uint8_t>() + 1024;
-  pb.args.domain_sms[0] = (sms + 1) / 2;
-  pb.args.domain_sms[1] = sms / 2;
+  const Tensor tables = set_rank_tables(pb.args, sms, sm_parity, half_sm);
   for (int k = 64; k <= 512; k += 64)
     for (const int m : {1, 9, 17, 33, 64})
       for (const bool f32 : {false, true}) {

@@ -145,11 +145,17 @@ struct Producer {
   // Whether the next slot is free without waiting.
   __device__ bool slot_free() const { return item < static_cast<uint32_t>(pl.slots); }
 
+  // The slot of the next item, once its consumers freed it from the item slots earlier.
+  __device__ int acquire_slot() const {
+    const int sl = static_cast<int>(item % pl.slots);
+    if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+    return sl;
+  }
+
   // Copies the unit's next 64 weight rows into the next slot.
   __device__ void next_slot() {
     const int j = u_done++, row0 = u_r0 + j * kSlotRows;
-    const int sl = static_cast<int>(item % pl.slots);
-    if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+    const int sl = acquire_slot();
     // Item i goes to group i % kConsumerGroups, so the unit's last kConsumerGroups slots are each a
     // different group's last.
     const int x_releases = (j >= u_slots - kConsumerGroups) + (j == u_slots - 1 ? max(0, kConsumerGroups - u_slots) : 0);
@@ -182,8 +188,7 @@ struct Producer {
   // The next slot of each consumer group says "no more".
   __device__ void finish() {
     for (int g = 0; g < kConsumerGroups; ++g, ++item) {
-      const int sl = static_cast<int>(item % pl.slots);
-      if (item >= static_cast<uint32_t>(pl.slots)) mbar_wait(smem_addr(&s.w_empty[sl]), (item / pl.slots - 1) & 1);
+      const int sl = acquire_slot();
       s.info[sl].row0 = -1;
       mbar_arrive(smem_addr(&s.w_full[sl]));
     }
@@ -291,7 +296,7 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   for (int st = 0; st < 4; ++st) b_off[st] = (8 * (quad >> 1) + sw) * kRowBytes + (((2 * st + (quad & 1)) ^ sw) << 4);
   const int x_box = kMPad * kRowBytes;  // one 64-K box of the activations
   const int g = lane >> 2, t = lane & 3;
-  uint32_t stores = 0;  // output tiles stored so far (they alternate between the group's two buffers)
+  uint32_t stores = 0;  // output tiles stored so far (they take the group's staging buffers in turn)
   const bool leader = threadIdx.x == 32 * kGroupWarps * group;  // issues the group's TMA stores
 
   for (uint32_t item = group;; item += kConsumerGroups) {
