@@ -22,11 +22,11 @@
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C]
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E]
 //                        [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]
 // (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
-// BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size
-// and CTAs per SM, as in BmmTmaTuning (0 = the default for the first two). --m: the
+// BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
+// CTAs per SM and early weight copies, as in BmmTmaTuning (0 = the default for the first two). --m: the
 // M values of the table and the BMM rows. --tuning: the
 // streaming kernel's units per CTA, warps per CTA, ring depth and dependent launch (1/0) for the
 // table, as in StreamGemmTuning; fields left out keep their defaults)
@@ -54,6 +54,7 @@
 #include "core/tensor.h"
 #include "ops/nvfp4.h"
 #include "ops/partitioned.h"
+#include "bmm_tuning_arg.h"
 #include "graph_timing.h"
 
 using namespace locus;
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E] [--m M1,M2,..] [--tuning U,W[,S[,P]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -173,13 +174,7 @@ int main(int argc, char** argv) {
   if (bmm_only) shapes.clear();
 
   cuda::detail::BmmTmaTuning bmm_tuning{};
-  if (!bmm_tuning_arg.empty() &&
-      std::sscanf(bmm_tuning_arg.c_str(), "%d,%d,%d,%d,%d", &bmm_tuning.splits, &bmm_tuning.slots,
-                  &bmm_tuning.dependent_launch, &bmm_tuning.l2_promotion, &bmm_tuning.ctas_per_sm) < 1) {
-    std::fprintf(stderr, "--bmm-tuning must be S[,R[,P[,L[,C]]]] (units per head, ring slots, dependent launch 1/0, L2 "
-                 "fetch bytes 0/128/256, CTAs per SM unpartitioned), got '%s'\n", bmm_tuning_arg.c_str());
-    return 2;
-  }
+  if (!bmm_tuning_arg.empty() && !parse_bmm_tuning(bmm_tuning_arg, &bmm_tuning)) return 2;
   cuda::detail::set_bmm_tma_tuning(bmm_tuning);
   cuda::detail::StreamGemmTuning table_tuning{};
   if (!tuning_arg.empty() && std::sscanf(tuning_arg.c_str(), "%d,%d,%d,%d", &table_tuning.units_per_cta, &table_tuning.warps,

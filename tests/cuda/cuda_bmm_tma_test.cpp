@@ -1,12 +1,13 @@
 // The TMA-fed decode BMM (backends/cuda/bmm_tma.h) against fp64 with poisoned outputs: both weight
 // layouts, every token-group size, K and N off the box grid, heads cut into several units, MLA's
 // strided views; its single-launch partitioned form (bitwise equal to the unpartitioned one, with
-// work stolen from a domain without SMs), graph replay after an in-place reload, and the problems
-// it must refuse.
+// work stolen from a domain without SMs), every ring size and early-copy mode, graph replay after an
+// in-place reload, and the problems it must refuse.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -372,6 +373,49 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
     }
   }
   cuda::detail::set_bmm_tma_tuning({});
+}
+
+// Weights copied into the ring before the previous kernel ends (BmmTmaTuning::early_copy): none
+// (L2 only), up to a slot per consumer group (the default; two units where units are single slots,
+// K = 512) and up to the whole ring (several speculative units before the rank claim). Each mode on
+// both MLA shapes: unpartitioned, partitioned with true ranks and with colliding ones (speculative
+// units copied, then dropped), in graphs of back-to-back launches (the early copies overlap the
+// previous launch), all bitwise equal to the first result.
+TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  for (const Shape3 sh : {Shape3{128, 512, 128}, Shape3{128, 128, 512}})
+    for (const int64_t M : {1, 24}) {
+      TwoDomainProblem pb(sh.heads, M, sh.n, sh.k, sh.heads / 2);
+      cuda::detail::BmmTmaArgs whole = pb.args;
+      whole.num_parts = whole.num_domains = 1;
+      whole.parts[0].heads = static_cast<int32_t>(sh.heads);
+      whole.parts[0].domain = 0;
+      Tensor first;  // the first result, which every other must equal bitwise
+      for (const int mode : {0, 1, 2})
+        for (const int form : {0, 1, 2}) {  // whole, true ranks, colliding ranks
+          cuda::detail::BmmTmaTuning tuning;
+          tuning.early_copy = mode;
+          cuda::detail::set_bmm_tma_tuning(tuning);
+          const Tensor tables = form == 2 ? set_rank_tables(pb.args, sms, domain_0, one_of_four)
+                                          : set_rank_tables(pb.args, sms, sm_parity, half_sm);
+          const cuda::detail::BmmTmaArgs& a = form == 0 ? whole : pb.args;
+          const std::string what = std::to_string(sh.n) + " x " + std::to_string(sh.k) + " M " + std::to_string(M) +
+                                   " mode " + std::to_string(mode) + " form " + std::to_string(form);
+          cuda::Graph graph;
+          graph.begin_capture(caller_);
+          for (int i = 0; i < 6; ++i) cuda::detail::launch_bmm_tma(a, caller_);
+          graph.end_capture();
+          for (int rep = 0; rep < 3; ++rep) {
+            pb.check([&] { rep == 0 ? cuda::detail::launch_bmm_tma(a, caller_) : graph.replay(caller_); }, caller_,
+                     what + " run " + std::to_string(rep));
+            const Tensor got = fetch(pb.io.out);
+            if (!first.defined()) first = got;
+            else EXPECT_EQ(std::memcmp(got.data_ptr(), first.data_ptr(), got.nbytes()), 0) << what << " run " << rep;
+          }
+        }
+      cuda::detail::set_bmm_tma_tuning({});
+    }
 }
 
 }  // namespace

@@ -6,10 +6,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD="${1:-build-cuda}"
 cmake -S . -B "$BUILD" -DLOCUS_CUDA=ON -DLOCUS_BUILD_BENCH=ON -G Ninja >/dev/null
-cmake --build "$BUILD" -j2 --target locus_cuda_tests cuda_gemm_bench cuda_forkjoin_bench cuda_stream_probe cuda_row_copy_probe cuda_green_overlap_probe locus_tests locus
+# What the device runs: tests, benchmarks and probes, the CLI.
+BINS=(locus_cuda_tests cuda_gemm_bench cuda_forkjoin_bench cuda_stream_probe cuda_row_copy_probe cuda_green_overlap_probe
+      cuda_bmm_timeline_bench locus_tests locus)
+cmake --build "$BUILD" -j2 --target "${BINS[@]}"
 grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo '/.gpu-carry/' >> .git/info/exclude
 rm -rf .gpu-carry && mkdir -p .gpu-carry
-cp "$BUILD"/locus_cuda_tests "$BUILD"/cuda_gemm_bench "$BUILD"/cuda_forkjoin_bench "$BUILD"/cuda_stream_probe "$BUILD"/cuda_row_copy_probe "$BUILD"/cuda_green_overlap_probe "$BUILD"/locus_tests "$BUILD"/locus "$BUILD"/liblocus.so .gpu-carry/
+for bin in "${BINS[@]}" liblocus.so; do cp "$BUILD/$bin" .gpu-carry/; done
 # Non-CUDA, non-libc dependencies (yaml-cpp, httplib, ...); cuBLAS/cudart come from the device.
 for lib in $(ldd "$BUILD"/liblocus.so "$BUILD"/locus_cuda_tests "$BUILD"/locus_tests "$BUILD"/locus | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in

@@ -35,8 +35,11 @@
 // outputs directly; with more, a slot's outputs go through one of its group's staging buffers and
 // out by one TMA store (whole lines). Each output is one warp's sum over K in a fixed order, so
 // the result does not depend on the units, the CTAs or the domains: partitioned and unpartitioned
-// launches are bitwise equal. Launched as a programmatic dependent launch (the first unit's
-// weights asked of L2 before the previous kernel ends).
+// launches are bitwise equal. Launched as a programmatic dependent launch: a CTA copies the
+// weights of its first units into the ring (as far as it takes them) while the previous kernel in
+// the stream drains, and waits for that kernel only before the activations. So the weights must
+// not be outputs of the kernel launched right before it (module weights never are; an in-place
+// reload writes them by copies, which a dependent launch does not overlap).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -98,7 +101,27 @@ struct BmmTmaTuning {
   int dependent_launch = 1;  // 0: plain stream order instead of a programmatic dependent launch
   int l2_promotion = 256;    // the tensor maps' L2 fetch size in bytes: 0 (none), 128 or 256
   int ctas_per_sm = 1;       // one domain only: CTAs per SM (sharing its memory and the ring bytes)
+  int early_copy = 1;        // before the previous kernel ends, copy into the ring the first units,
+                             // 1: up to a slot per consumer group, 2: up to the whole ring;
+                             // 0: only ask L2 for the first unit
+  // A device buffer for a timeline of the launches (bench/cuda/bmm_timeline_bench.cpp), or nullptr:
+  // word 0 counts the CTAs started; CTA i < trace_records (in start order) writes the words
+  // kBmmTraceHeader + kBmmTraceWords * i + BmmTraceWord, times in %globaltimer nanoseconds.
+  unsigned long long* trace = nullptr;
+  int trace_records = 0;
 };
+enum BmmTraceWord {
+  kTraceSm,       // the SM it ran on
+  kTraceBlock,    // its block index
+  kTraceStart,    // its first instruction
+  kTraceGo,       // the producer knows its units: after the previous kernel (and the rank claim)
+  kTraceFirst0,   // consumer group 0's first slot landed
+  kTraceEnd0,     // group 0's outputs written
+  kTraceFirst1,   // the same for group 1
+  kTraceEnd1,
+  kBmmTraceWords
+};
+constexpr int kBmmTraceHeader = 8;
 void set_bmm_tma_tuning(const BmmTmaTuning& t);
 
 }  // namespace locus::cuda::detail

@@ -55,6 +55,9 @@ struct BmmPlan {
   unsigned long long* arrivals;             // kRankUnits: CTAs started, all launches
   int32_t mode;                             // how units reach CTAs (kStaticUnits, ...)
   int32_t total_ctas, static_first, counted;
+  unsigned long long* trace;                // BmmTmaTuning::trace
+  int32_t trace_records;
+  int32_t early_copy;                       // BmmTmaTuning::early_copy
 };
 
 // How the units reach the CTAs (bmm_tma.h): statically by block index (one domain), by SM rank
@@ -78,7 +81,21 @@ struct Smem {
   uint64_t claimed;  // completes once the producer knows whether the speculative unit is this CTA's
   SlotInfo info[kMaxSlots];
   int32_t claim_held;
+  unsigned long long* trace;  // this CTA's timeline record, or nullptr
 };
+
+// The kernel's static shared memory (Smem) at most, however the compiler pads it.
+constexpr int kStaticSmemBound = (sizeof(Smem) + 127) / 128 * 128;
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Stamps word `w` of the CTA's timeline record (benchmarks only; see BmmTmaTuning::trace).
+__device__ __forceinline__ void stamp(const Smem& s, int w) {
+  if (s.trace != nullptr) s.trace[w] = global_ns();
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -97,12 +114,11 @@ __device__ __forceinline__ int decode_unit(const BmmTmaArgs& a, const BmmPlan& p
   return p;
 }
 
-// Asks L2 for the weights of a unit (the span from its first to its last element), without
-// waiting for the previous kernel: weights are not its outputs.
+// Asks L2 for weight rows [r0, r1) of a head (the span from their first to their last element).
 template <bool kNC>
-__device__ __forceinline__ void prefetch_unit(const BmmTmaArgs& a, const BmmPlan& pl, int p, int head, int block) {
+__device__ __forceinline__ void prefetch_rows(const BmmTmaArgs& a, int p, int head, int r0, int r1) {
+  if (r0 >= r1) return;
   const BmmTmaPart& part = a.parts[p];
-  const int r0 = block * pl.unit_rows, r1 = min(a.n, r0 + pl.unit_rows);
   const char* base = static_cast<const char*>(part.w) + 2 * head * part.w_head_stride;
   const int64_t first = kNC ? r0 : r0 * part.w_row_stride;
   const int64_t last = kNC ? (a.k - 1) * part.w_row_stride + r1 : (r1 - 1) * part.w_row_stride + a.k;
@@ -124,23 +140,60 @@ struct Producer {
   // row, slots, the slots copied so far and its flags.
   int u_part = 0, u_head = 0, u_gh = 0, u_xb = 0, u_r0 = 0, u_slots = 0, u_done = 0, u_flags = 0;
 
-  // Copies a unit's activations into the next x buffer; its weights follow by next_slot().
-  __device__ void begin(int domain, int unit, int extra_flags) {
+  // Units opened whose activations are still to be copied (copy_x): at most one per x buffer, the
+  // last x_owed opened (scalars, not an array: a dynamically indexed array would put the whole
+  // producer in local memory, which made the kernel 1.3x slower).
+  int x_owed = 0, owed_head0 = 0, owed_head1 = 0;
+  static_assert(kXBuffers == 2, "one owed head per x buffer");
+
+  // Takes the next x buffer for a unit (once its consumers freed it); its weights follow by
+  // next_slot(), its activations by copy_x().
+  __device__ void open(int domain, int unit, int extra_flags) {
     int block;
     u_part = decode_unit(a, pl, domain, unit, &u_head, &block);
     u_gh = a.parts[u_part].head0 + u_head;
     u_xb = static_cast<int>(xi % pl.x_buffers);
     if (xi >= static_cast<uint32_t>(pl.x_buffers)) mbar_wait(smem_addr(&s.x_empty[u_xb]), (xi / pl.x_buffers - 1) & 1);
-    const uint32_t x_full = smem_addr(&s.x_full[u_xb]), x_dst = x_base + u_xb * pl.x_bytes;
-    const int k_boxes = pl.k_pad / kBoxK;
-    mbar_expect(x_full, pl.x_bytes);
-    for (int kb = 0; kb < k_boxes; ++kb) tensor_copy_3d(x_dst + kb * (pl.x_bytes / k_boxes), &maps.x, kb * kBoxK, 0, u_gh, x_full);
+    if (x_owed == 0) owed_head0 = u_gh;
+    else owed_head1 = u_gh;
+    ++x_owed;
     u_r0 = block * pl.unit_rows;
     u_slots = (min(a.n, u_r0 + pl.unit_rows) - u_r0 + kSlotRows - 1) / kSlotRows;
     u_done = 0;
     u_flags = ((xi / pl.x_buffers) & 1 ? kXPhase : 0) | extra_flags;
     ++xi;
   }
+  // Copies the activations of the units opened so far (after the previous kernel: they may be
+  // its outputs).
+  __device__ void copy_x() {
+    const int k_boxes = pl.k_pad / kBoxK;
+#pragma unroll
+    for (int i = 0; i < kXBuffers; ++i) {
+      if (i >= x_owed) break;
+      const int xb = static_cast<int>((xi - x_owed + i) % pl.x_buffers);
+      const uint32_t x_full = smem_addr(&s.x_full[xb]), x_dst = x_base + xb * pl.x_bytes;
+      mbar_expect(x_full, pl.x_bytes);
+      for (int kb = 0; kb < k_boxes; ++kb)
+        tensor_copy_3d(x_dst + kb * (pl.x_bytes / k_boxes), &maps.x, kb * kBoxK, 0, i == 0 ? owed_head0 : owed_head1,
+                       x_full);
+    }
+    x_owed = 0;
+  }
+  // Opens units from `*unit` on (every `stride`-th, below `end`) until `slots` slots are filled
+  // (or the ring or the x buffers would have to wait), copying each one's weights as far as the
+  // ring takes them; *unit ends past the last one opened. Used before the previous kernel has
+  // ended: weights are never its outputs.
+  __device__ void open_early(int domain, int* unit, int stride, int end, int slots, int extra_flags) {
+    while (*unit < end && xi < static_cast<uint32_t>(pl.x_buffers) && item < static_cast<uint32_t>(slots) && slot_free()) {
+      open(domain, *unit, extra_flags);
+      *unit += stride;
+      while (!unit_copied() && slot_free()) next_slot();
+    }
+  }
+  // The slots open_early fills (BmmTmaTuning::early_copy): one per consumer group (a unit of
+  // several slots fills them all), or the whole ring.
+  __device__ int early_slots() const { return pl.early_copy > 1 ? pl.slots : kConsumerGroups; }
+
   __device__ bool unit_copied() const { return u_done == u_slots; }
   // Whether the next slot is free without waiting.
   __device__ bool slot_free() const { return item < static_cast<uint32_t>(pl.slots); }
@@ -172,17 +225,28 @@ struct Producer {
     ++item;
   }
 
-  // A whole unit.
-  __device__ void issue(int domain, int unit, int extra_flags) {
-    begin(domain, unit, extra_flags);
+  // The rest of the open unit.
+  __device__ void complete() {
     while (!unit_copied()) next_slot();
   }
+  // A whole unit.
+  __device__ void issue(int domain, int unit, int extra_flags) {
+    open(domain, unit, extra_flags);
+    copy_x();
+    complete();
+  }
 
-  // Asks L2 for a unit's weights before the previous kernel ends (weights are not its outputs).
+  // Asks L2 for a whole unit's weights (BmmTmaTuning::early_copy = 0).
   __device__ void prefetch(int domain, int unit) const {
     int head, block;
     const int p = decode_unit(a, pl, domain, unit, &head, &block);
-    prefetch_unit<kNC>(a, pl, p, head, block);
+    prefetch_rows<kNC>(a, p, head, block * pl.unit_rows, min(a.n, (block + 1) * pl.unit_rows));
+  }
+  // Asks L2 for the open unit's rows not copied yet (before the previous kernel ends: weights are
+  // not its outputs); the rows being copied need no second request.
+  __device__ void prefetch_rest() const {
+    if (unit_copied()) return;
+    prefetch_rows<kNC>(a, u_part, u_head, u_r0 + u_done * kSlotRows, min(a.n, u_r0 + pl.unit_rows));
   }
 
   // The next slot of each consumer group says "no more".
@@ -218,42 +282,49 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
                         uint32_t w_base) {
   Producer<kNC> pr{a, pl, maps, s, x_base, w_base};
   if (pl.mode == kStaticUnits) {
-    const int first = static_cast<int>(blockIdx.x);
-    pr.prefetch(0, first);
+    int u = static_cast<int>(blockIdx.x);
+    if (pl.early_copy) pr.open_early(0, &u, pl.total_ctas, pl.units[0], pr.early_slots(), 0);
+    else pr.prefetch(0, u);
+    pr.prefetch_rest();
     wait_for_previous_grid();  // before the activations
-    for (int u = first; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
+    stamp(s, kTraceGo);
+    pr.copy_x();
+    pr.complete();
+    for (; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
   } else if (pl.mode == kRankUnits) {
     const unsigned smid = sm_id();
     int domain = smid < 1024 ? a.sm_domain[smid] : kNoDomain, rank = smid < 1024 ? a.sm_rank[smid] : 0;
     const bool guess = domain < a.num_domains && rank < a.domain_sms[domain];
     if (!guess) domain = -1;
     const bool speculate = guess && rank < pl.units[domain];
-    if (speculate) pr.prefetch(domain, rank);
-    wait_for_previous_grid();  // before the activations and the claims
-    // Every launch adds total_ctas arrivals and claims every rank once: the launch's number. The
-    // arrival is asked first; its answer is needed only after the guessed rank's first copies.
-    const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
-    // The guessed rank's first unit, as far as the ring takes it without waiting (consumers hold
-    // speculative slots until the claim is known); the rest of it follows the claim. (Copying its
-    // later units before the claim too made 128 x 512 x 128 slower: 9.1 against 8.3 us at M = 1.)
+    // The guessed rank's units, as far as the ring takes them without waiting (consumers hold
+    // speculative slots until the claim is known); the rest follows the claim.
+    int u = rank;
     if (speculate) {
-      pr.begin(domain, rank, kSpeculative);
-      while (!pr.unit_copied() && pr.slot_free()) pr.next_slot();
+      if (pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], pl.units[domain], pr.early_slots(), kSpeculative);
+      else pr.prefetch(domain, rank);
+      pr.prefetch_rest();
     }
+    wait_for_previous_grid();  // before the activations and the claims
+    // Every launch adds total_ctas arrivals and claims every rank once: the launch's number.
+    const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
+    if (speculate && !pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], rank + 1, pl.slots, kSpeculative);
+    pr.copy_x();
     const unsigned launch = static_cast<unsigned>(arrival / pl.total_ctas);
     const bool held = guess && claim_rank(a, pl, launch, domain, rank);
     if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
     s.claim_held = held;
     mbar_arrive(smem_addr(&s.claimed));
-    while (!pr.unit_copied()) pr.next_slot();  // the begun unit, still speculative
+    stamp(s, kTraceGo);
+    pr.complete();  // the last speculative unit
     if (domain >= 0)
-      for (int u = held ? rank + a.domain_sms[domain] : rank; u < pl.units[domain]; u += a.domain_sms[domain])
-        pr.issue(domain, u, 0);
+      for (u = held ? u : rank; u < pl.units[domain]; u += a.domain_sms[domain]) pr.issue(domain, u, 0);
   } else {
     UnitQueue<BmmPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
     wait_for_previous_grid();  // before the counters and the activations
     int domain, unit;
     q.first(&domain, &unit);
+    stamp(s, kTraceGo);
     for (; domain >= 0; q.take(&domain, &unit)) pr.issue(domain, unit, 0);
   }
   pr.finish();
@@ -302,6 +373,7 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   for (uint32_t item = group;; item += kConsumerGroups) {
     const int sl = static_cast<int>(item % pl.slots);
     mbar_wait(smem_addr(&s.w_full[sl]), (item / pl.slots) & 1);
+    if (leader && item < kConsumerGroups) stamp(s, group ? kTraceFirst1 : kTraceFirst0);
     const SlotInfo info = s.info[sl];
     if (info.row0 < 0) break;
     // The x buffer's fill for this unit has landed (an earlier wait of this fill returns at once:
@@ -408,7 +480,10 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     }
     ++stores;
   }
-  if (leader) bulk_wait_all();
+  if (leader) {
+    bulk_wait_all();
+    stamp(s, group ? kTraceEnd1 : kTraceEnd0);
+  }
 }
 
 template <int NT, bool kNC>
@@ -422,6 +497,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t out_base = w_base + pl.slots * pl.slot_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
+    s.trace = nullptr;
+    if (pl.trace != nullptr) {
+      const unsigned long long t = global_ns(), i = atomicAdd(pl.trace, 1ull);
+      if (i < static_cast<unsigned long long>(pl.trace_records)) {
+        s.trace = pl.trace + kBmmTraceHeader + kBmmTraceWords * i;
+        s.trace[kTraceSm] = sm_id();
+        s.trace[kTraceBlock] = blockIdx.x;
+        s.trace[kTraceStart] = t;
+      }
+    }
     for (int i = 0; i < pl.slots; ++i) {
       mbar_init(smem_addr(&s.w_full[i]), 1);
       mbar_init(smem_addr(&s.w_empty[i]), kGroupWarps);  // one group takes a slot
@@ -505,7 +590,7 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   // Two staging buffers per group, or one where two leave no room for two slots (K = 512 with
   // 33-64 tokens and fp32 outputs).
   for (pl.out_buffers = 2; pl.out_buffers >= 1; --pl.out_buffers) {
-    const int budget = room - 1024 - static_cast<int>(sizeof(Smem)) - kConsumerGroups * pl.out_buffers * pl.out_bytes;
+    const int budget = room - 1024 - kStaticSmemBound - kConsumerGroups * pl.out_buffers * pl.out_bytes;
     pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
     // About 128 KB of weights in flight per SM covers the memory latency.
     // (The benchmark knob sets the count, within the memory.)
@@ -559,9 +644,12 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
     int device = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mu);
-    if (allowed.insert(device).second)
+    if (allowed.insert(device).second) {
+      cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
+      LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
       LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            optin_smem(device) - static_cast<int>(sizeof(Smem))));
+                                            optin_smem(device) - static_cast<int>(attr.sharedSizeBytes)));
+    }
   }
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
   // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.
@@ -591,6 +679,9 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
     pl.counters = stream_scratch(stream, kBmmTmaMaxDomains, 0).counters;
   }
   pl.total_ctas = ctas;
+  pl.trace = g_tuning.trace;
+  pl.trace_records = g_tuning.trace_records;
+  pl.early_copy = g_tuning.early_copy;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(ctas);
   config.blockDim = dim3(kThreads);

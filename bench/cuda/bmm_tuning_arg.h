@@ -1,0 +1,25 @@
+// The device benchmarks' --bmm-tuning S[,R[,P[,L[,C[,E]]]]] option: the TMA BMM's knobs
+// (BmmTmaTuning: units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256,
+// CTAs per SM unpartitioned, early weight copies 2/1/0); fields left out keep their defaults.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include "backends/cuda/bmm_tma.h"
+
+namespace locus::bench {
+
+constexpr const char* kBmmTuningHelp =
+    "S[,R[,P[,L[,C[,E]]]]] (units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per SM "
+    "unpartitioned, early weight copies 2/1/0)";
+
+// False (after saying why on stderr) when `arg` is not of that form.
+inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning* t) {
+  if (std::sscanf(arg.c_str(), "%d,%d,%d,%d,%d,%d", &t->splits, &t->slots, &t->dependent_launch, &t->l2_promotion,
+                  &t->ctas_per_sm, &t->early_copy) >= 1)
+    return true;
+  std::fprintf(stderr, "--bmm-tuning must be %s, got '%s'\n", kBmmTuningHelp, arg.c_str());
+  return false;
+}
+
+}  // namespace locus::bench
