@@ -1,6 +1,6 @@
 // The device benchmarks' --bmm-tuning S[,R[,P[,L[,C[,E]]]]] option: the TMA BMM's knobs
 // (BmmTmaTuning: units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256,
-// CTAs per SM unpartitioned, early weight copies 2/1/0); fields left out keep their defaults.
+// CTAs per SM unpartitioned, slots copied early); fields left out keep their defaults.
 #pragma once
 #include <cstdio>
 #include <string>
@@ -11,7 +11,7 @@ namespace locus::bench {
 
 constexpr const char* kBmmTuningHelp =
     "S[,R[,P[,L[,C[,E]]]]] (units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per SM "
-    "unpartitioned, early weight copies 2/1/0)";
+    "unpartitioned, slots copied early)";
 
 // False (after saying why on stderr) when `arg` is not of that form.
 inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning* t) {

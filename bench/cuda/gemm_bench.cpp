@@ -18,7 +18,9 @@
 // The BMM rows (MLA's absorbed products, H = 128) time plain cuBLAS (strided batched), the op
 // (cuda::bmm: cuBLASLt), the TMA-fed kernel (bmm_tma.h, M <= 64) with [N, K] and with [K, N]
 // weights, ops::bmm_partitioned over the 2 domains (the faster, timed once, of the kernel's
-// domain-aware launch and a fork/join of cuBLASLt calls), that launch alone and that fork/join alone.
+// domain-aware launch and a fork/join of cuBLASLt calls), that launch alone (with [N, K] and with
+// [K, N] shards: MLA runs k_b, the 512 x 128 product, in [K, N]; v_b, 128 x 512, in [N, K]) and
+// that fork/join alone.
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
@@ -305,8 +307,8 @@ int main(int argc, char** argv) {
   // MLA absorbed BMMs (H = 128 heads, per-head weights [N, K]): q_nope x W_UK^T and o_lat x W_UV^T.
   std::string bmm_md =
       "\n| BMM (H x N x K) | M | cuBLAS us | ours us | ours/cuBLAS speed | TMA kernel us | TMA [K, N] us | TMA GB/s | "
-      "part us | unpart/part | TMA part us | fork/join part us |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "part us | unpart/part | TMA part us | TMA part [K, N] us | fork/join part us |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const auto bmm_shapes = only_shape.empty() ? std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}
                                              : std::vector<std::pair<int64_t, int64_t>>{};
   for (auto [N, K] : bmm_shapes) {
@@ -319,11 +321,12 @@ int main(int argc, char** argv) {
       fill_random_bf16(w[r], rng);
     }
     std::vector<Tensor> w_kn(R);  // weights stored [H, K, N] (MLA's k_b layout)
-    std::vector<std::vector<Tensor>> shards(R);
+    std::vector<std::vector<Tensor>> shards(R), shards_kn(R);
     for (int r = 0; r < R; ++r) {
       w_kn[r] = Tensor::empty({H, K, N}, DType::kBF16, dev);
       fill_random_bf16(w_kn[r], rng);
       shards[r] = {w[r].slice(0, 0, H / 2).clone().transpose(1, 2), w[r].slice(0, H / 2, H).clone().transpose(1, 2)};
+      shards_kn[r] = {w_kn[r].slice(0, 0, H / 2).clone(), w_kn[r].slice(0, H / 2, H).clone()};
     }
     const std::vector<ops::PartitionSlice> hslices = {{0, H / 2, Stream{dev, parts[0].stream}},
                                                       {H / 2, H, Stream{dev, parts[1].stream}}};
@@ -335,7 +338,8 @@ int main(int argc, char** argv) {
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
       const float alpha = 1.f, beta = 0.f;
       InterleavedTimer timer(s);
-      double t_cublas = 0, t_ours = 0, t_tma = 0, t_tma_kn = 0, t_part = 0, t_tma_part = 0, t_forkjoin = 0;
+      double t_cublas = 0, t_ours = 0, t_tma = 0, t_tma_kn = 0, t_part = 0, t_tma_part = 0, t_tma_part_kn = 0;
+      double t_forkjoin = 0;
       timer.add(&t_cublas, R, [&](int r) {
         cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
                                    a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
@@ -347,6 +351,7 @@ int main(int argc, char** argv) {
         timer.add(&t_tma, R, [&](int r) { cuda::bmm_tma(a, w[r].transpose(1, 2), y, s); });
         timer.add(&t_tma_kn, R, [&](int r) { cuda::bmm_tma(a, w_kn[r], y, s); });
         timer.add(&t_tma_part, R, [&](int r) { cuda::bmm_tma_domains(a, shards[r], y, dslices, caller.native); });
+        timer.add(&t_tma_part_kn, R, [&](int r) { cuda::bmm_tma_domains(a, shards_kn[r], y, dslices, caller.native); });
       }
       timer.add(&t_part, R, [&](int r) { ops::bmm_partitioned(a, shards[r], y, hslices, caller); });
       cuda::set_bmm_tma_enabled(false);  // the partitioned op as a fork/join of cuBLASLt calls
@@ -355,17 +360,17 @@ int main(int argc, char** argv) {
       timer.run(30);
       const double io = double(M) * H * (K + N) * 2;
       std::printf("BMM %lldx%lldx%lld M=%4lld | cublas %7.1f | ours %7.1f (%.2fx) | TMA %7.1f, [K,N] %7.1f, %5.0f GB/s | "
-                  "part %7.1f (unpart/part %.2f) | TMA part %7.1f | fork/join %7.1f\n",
+                  "part %7.1f (unpart/part %.2f) | TMA part %7.1f, [K,N] %7.1f | fork/join %7.1f\n",
                   (long long)H, (long long)N, (long long)K, (long long)M, t_cublas * 1e6, t_ours * 1e6, t_cublas / t_ours,
                   t_tma * 1e6, t_tma_kn * 1e6, tma ? (wbytes + io) / t_tma * 1e-9 : 0.0, t_part * 1e6, t_ours / t_part,
-                  t_tma_part * 1e6, t_forkjoin * 1e6);
+                  t_tma_part * 1e6, t_tma_part_kn * 1e6, t_forkjoin * 1e6);
       std::fflush(stdout);
       char line[320];
-      std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %lld | %s | %s | %.2f | %s | %s | %s | %s | %.2f | %s | %s |\n",
+      std::snprintf(line, sizeof line, "| %lld x %lld x %lld | %lld | %s | %s | %.2f | %s | %s | %s | %s | %.2f | %s | %s | %s |\n",
                     (long long)H, (long long)N, (long long)K, (long long)M, us(t_cublas).c_str(), us(t_ours).c_str(),
                     t_cublas / t_ours, us(t_tma).c_str(), us(t_tma_kn).c_str(),
                     tma ? std::to_string(static_cast<int>((wbytes + io) / t_tma * 1e-9)).c_str() : "-", us(t_part).c_str(),
-                    t_ours / t_part, us(t_tma_part).c_str(), us(t_forkjoin).c_str());
+                    t_ours / t_part, us(t_tma_part).c_str(), us(t_tma_part_kn).c_str(), us(t_forkjoin).c_str());
       bmm_md += line;
     }
   }

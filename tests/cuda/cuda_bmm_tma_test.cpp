@@ -376,8 +376,8 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
 }
 
 // Weights copied into the ring before the previous kernel ends (BmmTmaTuning::early_copy): none
-// (L2 only), up to a slot per consumer group (the default; two units where units are single slots,
-// K = 512) and up to the whole ring (several speculative units before the rank claim). Each mode on
+// (L2 only), a slot per consumer group (the default: a whole unit of 4 slots at K = 128, two units
+// at K = 512) and the whole ring (several speculative units before the rank claim). Each mode on
 // both MLA shapes: unpartitioned, partitioned with true ranks and with colliding ones (speculative
 // units copied, then dropped), in graphs of back-to-back launches (the early copies overlap the
 // previous launch), all bitwise equal to the first result.
@@ -392,7 +392,7 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
       whole.parts[0].heads = static_cast<int32_t>(sh.heads);
       whole.parts[0].domain = 0;
       Tensor first;  // the first result, which every other must equal bitwise
-      for (const int mode : {0, 1, 2})
+      for (const int mode : {0, 2, 8})
         for (const int form : {0, 1, 2}) {  // whole, true ranks, colliding ranks
           cuda::detail::BmmTmaTuning tuning;
           tuning.early_copy = mode;

@@ -101,9 +101,9 @@ struct BmmTmaTuning {
   int dependent_launch = 1;  // 0: plain stream order instead of a programmatic dependent launch
   int l2_promotion = 256;    // the tensor maps' L2 fetch size in bytes: 0 (none), 128 or 256
   int ctas_per_sm = 1;       // one domain only: CTAs per SM (sharing its memory and the ring bytes)
-  int early_copy = 1;        // before the previous kernel ends, copy into the ring the first units,
-                             // 1: up to a slot per consumer group, 2: up to the whole ring;
-                             // 0: only ask L2 for the first unit
+  int early_copy = 2;        // before the previous kernel ends, copy the first units into the ring,
+                             // whole, until this many slots are filled (at most the ring; the
+                             // default: one per consumer group); 0: only ask L2 for the first unit
   // A device buffer for a timeline of the launches (bench/cuda/bmm_timeline_bench.cpp), or nullptr:
   // word 0 counts the CTAs started; CTA i < trace_records (in start order) writes the words
   // kBmmTraceHeader + kBmmTraceWords * i + BmmTraceWord, times in %globaltimer nanoseconds.
