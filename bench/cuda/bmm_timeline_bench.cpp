@@ -8,7 +8,8 @@
 // and prints, per launch and as medians over the inner launches, in us from the launch's first
 // CTA start:
 //   spread  the last CTA's start (how long the launch took to get all its CTAs running);
-//   go      when the producer knew its units (after the previous kernel; after the rank claim);
+//   waited  when the producer's wait for the previous kernel returned;
+//   go      when the producer knew its units (= waited; with two domains, after the rank claim);
 //   first   when a consumer group's first weight slot landed (median and last over the CTAs);
 //   end     when a CTA's outputs were written (median and last: the launch's span);
 //   next    when the next launch's first CTA started (the period; minus the span: the gap).
@@ -40,7 +41,7 @@ namespace {
 using Record = std::vector<unsigned long long>;  // kBmmTraceWords words
 
 struct LaunchSummary {
-  double spread = 0, go = 0, first_med = 0, first_max = 0, end_med = 0, end_max = 0, next = 0;
+  double spread = 0, waited = 0, go = 0, first_med = 0, first_max = 0, end_med = 0, end_max = 0, next = 0;
 };
 
 double median_of(std::vector<double> v) { return median(std::move(v)); }
@@ -57,15 +58,17 @@ std::vector<LaunchSummary> summarize(const std::vector<Record>& recs, int ctas) 
   }
   for (int l = 0; l < launches; ++l) {
     LaunchSummary ls;
-    std::vector<double> go, first, end;
+    std::vector<double> waited, go, first, end;
     for (int i = 0; i < ctas; ++i) {
       const Record& r = recs[l * ctas + i];
       auto at = [&](int w) { return (static_cast<double>(r[w]) - t0[l]) * 1e-3; };
       ls.spread = std::max(ls.spread, at(cd::kTraceStart));
+      waited.push_back(at(cd::kTraceWaited));
       go.push_back(at(cd::kTraceGo));
       first.push_back(std::min(at(cd::kTraceFirst0), at(cd::kTraceFirst1)));
       end.push_back(std::max(at(cd::kTraceEnd0), at(cd::kTraceEnd1)));
     }
+    ls.waited = median_of(waited);
     ls.go = median_of(go);
     ls.first_med = median_of(first);
     ls.first_max = *std::max_element(first.begin(), first.end());
@@ -90,7 +93,9 @@ int main(int argc, char** argv) {
       if (!parse_bmm_tuning(argv[++i], &knobs)) return 2;
     }
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_bmm_timeline_bench [--m M1,M2,..] [--split backfill|aligned] [--bmm-tuning %s]\n",
+      std::fprintf(stderr,
+                   "unknown argument '%s'\nusage: cuda_bmm_timeline_bench [--m M1,M2,..] [--split backfill|aligned] "
+                   "[--bmm-tuning %s]\n",
                    a.c_str(), kBmmTuningHelp);
       return 2;
     }
@@ -121,8 +126,9 @@ int main(int argc, char** argv) {
   unsigned long long* trace = nullptr;
   CK(cudaMalloc(reinterpret_cast<void**>(&trace), (cd::kBmmTraceHeader + size_t(capacity) * cd::kBmmTraceWords) * 8));
 
-  std::printf("| BMM (H x N x K) | M | launch | cuBLAS us | us per call | spread | go | first (med / last) | end (med / last) | next | gap |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| BMM (H x N x K) | M | launch | cuBLAS us | us per call | spread | waited | go | first (med / last) | "
+              "end (med / last) | next | gap |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}) {
     const int64_t H = 128;
     const double wbytes = double(H) * N * K * 2;
@@ -179,17 +185,18 @@ int main(int argc, char** argv) {
                          words.begin() + size_t(i + 1) * cd::kBmmTraceWords);
         const auto launches = summarize(recs, n / R);
         // Medians over the inner launches (the first follows other work, the last has no next).
-        std::vector<double> v[7];
+        std::vector<double> v[8];
         for (size_t l = 1; l + 1 < launches.size(); ++l) {
           const LaunchSummary& x = launches[l];
-          const double vals[7] = {x.spread, x.go, x.first_med, x.first_max, x.end_med, x.end_max, x.next};
-          for (int j = 0; j < 7; ++j) v[j].push_back(vals[j]);
+          const double vals[8] = {x.spread, x.waited, x.go, x.first_med, x.first_max, x.end_med, x.end_max, x.next};
+          for (int j = 0; j < 8; ++j) v[j].push_back(vals[j]);
         }
-        double m[7];
-        for (int j = 0; j < 7; ++j) m[j] = median(v[j]);
-        std::printf("| %lld x %lld x %lld | %lld | %s (%d CTAs) | %.1f | %.1f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f |\n",
+        double m[8];
+        for (int j = 0; j < 8; ++j) m[j] = median(v[j]);
+        std::printf("| %lld x %lld x %lld | %lld | %s (%d CTAs) | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f / %.2f | "
+                    "%.2f / %.2f | %.2f | %.2f |\n",
                     (long long)H, (long long)N, (long long)K, (long long)M, forms[f].first, n / R, t_cublas * 1e6,
-                    forms[f].second * 1e6, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[6] - m[5]);
+                    forms[f].second * 1e6, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[7] - m[6]);
         std::fflush(stdout);
       }
     }

@@ -119,6 +119,7 @@ enum BmmTraceWord {
   kTraceEnd0,     // group 0's outputs written
   kTraceFirst1,   // the same for group 1
   kTraceEnd1,
+  kTraceWaited,   // the producer's wait for the previous kernel returned
   kBmmTraceWords
 };
 constexpr int kBmmTraceHeader = 8;

@@ -286,6 +286,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     else pr.prefetch(0, u);
     pr.prefetch_rest();
     wait_for_previous_grid();  // before the activations
+    stamp(s, kTraceWaited);
     stamp(s, kTraceGo);
     pr.copy_x();
     pr.complete();
@@ -305,6 +306,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
       pr.prefetch_rest();
     }
     wait_for_previous_grid();  // before the activations and the claims
+    stamp(s, kTraceWaited);
     // Every launch adds total_ctas arrivals and claims every rank once: the launch's number.
     const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
     if (speculate && !pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], rank + 1, pl.slots, kSpeculative);
@@ -321,6 +323,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   } else {
     UnitQueue<BmmPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
     wait_for_previous_grid();  // before the counters and the activations
+    stamp(s, kTraceWaited);
     int domain, unit;
     q.first(&domain, &unit);
     stamp(s, kTraceGo);
