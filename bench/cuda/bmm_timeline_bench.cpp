@@ -5,8 +5,8 @@
 // does), unpartitioned (one domain) and partitioned (two emulated domains, one launch), and times
 // it (median of replays; plain cuBLAS's strided batched GEMM alongside, as the reference). Then it
 // replays each graph once more with the kernel stamping %globaltimer per CTA (BmmTmaTuning::trace)
-// and prints, per launch and as medians over the inner launches, in us from the launch's first
-// CTA start:
+// and prints medians over the inner launches (the first follows other work, the last has no
+// next), in us from each launch's first CTA start:
 //   spread  the last CTA's start (how long the launch took to get all its CTAs running);
 //   waited  when the producer's wait for the previous kernel returned;
 //   go      when the producer knew its units (= waited; with two domains, after the rank claim);
@@ -44,8 +44,6 @@ struct LaunchSummary {
   double spread = 0, waited = 0, go = 0, first_med = 0, first_max = 0, end_med = 0, end_max = 0, next = 0;
 };
 
-double median_of(std::vector<double> v) { return median(std::move(v)); }
-
 // The launches of one traced replay: records in start order, `ctas` per launch.
 std::vector<LaunchSummary> summarize(const std::vector<Record>& recs, int ctas) {
   std::vector<LaunchSummary> out;
@@ -68,11 +66,11 @@ std::vector<LaunchSummary> summarize(const std::vector<Record>& recs, int ctas) 
       first.push_back(std::min(at(cd::kTraceFirst0), at(cd::kTraceFirst1)));
       end.push_back(std::max(at(cd::kTraceEnd0), at(cd::kTraceEnd1)));
     }
-    ls.waited = median_of(waited);
-    ls.go = median_of(go);
-    ls.first_med = median_of(first);
+    ls.waited = median(waited);
+    ls.go = median(go);
+    ls.first_med = median(first);
     ls.first_max = *std::max_element(first.begin(), first.end());
-    ls.end_med = median_of(end);
+    ls.end_med = median(end);
     ls.end_max = *std::max_element(end.begin(), end.end());
     ls.next = l + 1 < launches ? (t0[l + 1] - t0[l]) * 1e-3 : 0;
     out.push_back(ls);
