@@ -3,8 +3,8 @@
 # put into .gpu-carry/: the CUDA unit tests and the whole CPU suite (its CLI tests start
 # .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
 # generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
-# logits CUDA vs CPU), then the GEMM benchmarks. Logs go to $OUT (or /tmp/locus-gpu); each step
-# prints a line or two, and a summary comes last.
+# logits CUDA vs CPU), then the GEMM benchmarks and the BMM kernel's timeline. Logs go to $OUT
+# (or /tmp/locus-gpu); each step prints a line or two, and a summary comes last.
 # usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -92,6 +92,8 @@ fi
 if ((bench)); then
   timeout 420 "$CARRY/cuda_gemm_bench" --split "$split" $quick --out "$OUT/bench_${split}.md" > "$OUT/bench_${split}.log" 2>&1
   note "cuda_gemm_bench: exit $?, table in $OUT/bench_${split}.md"
+  timeout 120 "$CARRY/cuda_bmm_timeline_bench" --split "$split" > "$OUT/bmm_timeline_${split}.md" 2>&1
+  note "cuda_bmm_timeline_bench: exit $?, table in $OUT/bmm_timeline_${split}.md"
 fi
 
 echo "==== summary ($OUT)"
