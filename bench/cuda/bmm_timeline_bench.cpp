@@ -31,6 +31,7 @@
 #include "core/tensor.h"
 #include "bmm_tuning_arg.h"
 #include "graph_timing.h"
+#include "mla_bmm_reference.h"
 
 using namespace locus;
 using namespace locus::bench;
@@ -99,16 +100,7 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<int64_t> ms;
-  for (size_t at = 0; at < m_list.size();) {
-    const long long m = std::atoll(m_list.c_str() + at);
-    if (m < 1 || m > cd::kBmmTmaMaxM) {
-      std::fprintf(stderr, "--m takes M values in 1..%d, got '%s'\n", cd::kBmmTmaMaxM, m_list.c_str());
-      return 2;
-    }
-    ms.push_back(m);
-    const size_t comma = m_list.find(',', at);
-    at = comma == std::string::npos ? m_list.size() : comma + 1;
-  }
+  if (!parse_m_list(m_list, cd::kBmmTmaMaxM, &ms)) return 2;
   std::vector<cuda::SmPartition> parts;
   if (const int rc = make_two_domains(split, &parts)) return rc;
   const Device dev = Device::cuda(0);
@@ -130,7 +122,7 @@ int main(int argc, char** argv) {
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}) {
     const int64_t H = 128;
     const double wbytes = double(H) * N * K * 2;
-    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
+    const int R = rotating_copies(wbytes);
     std::vector<Tensor> w(R);
     std::vector<std::vector<Tensor>> shards(R);
     for (int r = 0; r < R; ++r) {
@@ -143,12 +135,7 @@ int main(int argc, char** argv) {
       Tensor xa = Tensor::empty({M, H, K}, DType::kBF16, dev), ya = Tensor::empty({M, H, N}, DType::kBF16, dev);
       fill_random_bf16(xa, rng);
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);
-      const float alpha = 1.f, beta = 0.f;
-      auto cublas = [&](int r) {
-        cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
-                                   a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      };
+      auto cublas = [&](int r) { cublas_mla_bmm(cub, w[r], a, y); };
       auto unpart = [&](int r) { cuda::bmm_tma(a, w[r].transpose(1, 2), y, s); };
       auto part = [&](int r) { cuda::bmm_tma_domains(a, shards[r], y, dslices, s); };
       double t_cublas = 0, t_unpart = 0, t_part = 0;

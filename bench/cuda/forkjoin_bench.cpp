@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(3);
 
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {7168, 2048}, {32768, 512}, {7168, 7168}, {18432, 7168}}) {
-    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / (double(N) * K * 2)), 2.0, 16.0));
+    const int R = rotating_copies(double(N) * K * 2);
     std::vector<Tensor> w(R), sh0(R), sh1(R);
     for (int r = 0; r < R; ++r) {
       w[r] = Tensor::empty({N, K}, DType::kBF16, dev);
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   // MLA's absorbed BMM, split over its 128 heads (per-head weights [N, K] stored [K, N]-transposed).
   for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {128, 512}}) {
     const int64_t H = 128;
-    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / (double(H) * N * K * 2)), 2.0, 16.0));
+    const int R = rotating_copies(double(H) * N * K * 2);
     std::vector<Tensor> w(R), sh0(R), sh1(R);
     for (int r = 0; r < R; ++r) {
       w[r] = Tensor::empty({H, N, K}, DType::kBF16, dev);

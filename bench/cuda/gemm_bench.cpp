@@ -58,6 +58,7 @@
 #include "ops/partitioned.h"
 #include "bmm_tuning_arg.h"
 #include "graph_timing.h"
+#include "mla_bmm_reference.h"
 
 using namespace locus;
 using namespace locus::bench;
@@ -152,19 +153,8 @@ int main(int argc, char** argv) {
     shapes = {{7168, 7168}, {18432, 7168}, {7168, 2048}};
     ms = {1, 16, 32, 512};
   }
-  if (!m_list.empty()) {  // the table's M values instead of the defaults
-    ms.clear();
-    for (size_t at = 0; at < m_list.size();) {
-      const long long m = std::atoll(m_list.c_str() + at);
-      if (m < 1) {
-        std::fprintf(stderr, "--m must be a comma-separated list of positive M values, got '%s'\n", m_list.c_str());
-        return 2;
-      }
-      ms.push_back(m);
-      const size_t comma = m_list.find(',', at);
-      at = comma == std::string::npos ? m_list.size() : comma + 1;
-    }
-  }
+  // The table's M values instead of the defaults.
+  if (!m_list.empty() && !parse_m_list(m_list, INT64_MAX, &ms)) return 2;
   if (!only_shape.empty()) {
     long long n = 0, k = 0;
     if (std::sscanf(only_shape.c_str(), "%lldx%lld", &n, &k) != 2 || n < 16 || k < 16 || n % 16 || k % 16) {
@@ -198,7 +188,7 @@ int main(int argc, char** argv) {
     for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain"}) std::printf(" %7s", h);
     std::printf("\n");
     for (auto [N, K] : sweep_shapes) {
-      const int R = static_cast<int>(std::clamp(std::ceil(240e6 / (double(N) * K * 2)), 2.0, 16.0));
+      const int R = rotating_copies(double(N) * K * 2);
       std::vector<Tensor> w(R);
       std::vector<ops::Nvfp4Weight> f(R);
       ops::Nvfp4Weight fbase = cuda::nvfp4_prepare(random_fp4_host(N, K, srng), 0, -1);
@@ -238,7 +228,7 @@ int main(int argc, char** argv) {
   const std::vector<ops::PartitionSlice> no_slices;
   for (auto [N, K] : shapes) {
     const double wbytes = double(N) * K * 2;
-    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
+    const int R = rotating_copies(wbytes);
     std::vector<Tensor> w(R), sh0(R), sh1(R);
     for (int r = 0; r < R; ++r) {
       w[r] = Tensor::empty({N, K}, DType::kBF16, dev);
@@ -250,7 +240,7 @@ int main(int argc, char** argv) {
                                                      {N / 2, N, Stream{dev, parts[1].stream}}};
     // NVFP4: one random weight prepared, then device copies for rotation.
     const double fbytes = double(N) * K * 0.5625;
-    const int RF = static_cast<int>(std::clamp(std::ceil(240e6 / fbytes), 2.0, 32.0));
+    const int RF = rotating_copies(fbytes, 32);
     ops::Nvfp4Weight host_fp4 = random_fp4_host(N, K, rng);
     ops::Nvfp4Weight base = cuda::nvfp4_prepare(host_fp4, 0, -1);
     ops::Nvfp4Weight base0 = cuda::nvfp4_prepare(half_rows(host_fp4, 0), 0, 0);
@@ -314,7 +304,7 @@ int main(int argc, char** argv) {
   for (auto [N, K] : bmm_shapes) {
     const int64_t H = 128;
     const double wbytes = double(H) * N * K * 2;
-    const int R = static_cast<int>(std::clamp(std::ceil(240e6 / wbytes), 2.0, 16.0));
+    const int R = rotating_copies(wbytes);
     std::vector<Tensor> w(R);  // [H, N, K]
     for (int r = 0; r < R; ++r) {
       w[r] = Tensor::empty({H, N, K}, DType::kBF16, dev);
@@ -336,15 +326,10 @@ int main(int argc, char** argv) {
       Tensor xa = Tensor::empty({M, H, K}, DType::kBF16, dev), ya = Tensor::empty({M, H, N}, DType::kBF16, dev);
       fill_random_bf16(xa, rng);
       Tensor a = xa.transpose(0, 1), y = ya.transpose(0, 1);  // [H, M, K], [H, M, N] views, as MLA runs them
-      const float alpha = 1.f, beta = 0.f;
       InterleavedTimer timer(s);
       double t_cublas = 0, t_ours = 0, t_tma = 0, t_tma_kn = 0, t_part = 0, t_tma_part = 0, t_tma_part_kn = 0;
       double t_forkjoin = 0;
-      timer.add(&t_cublas, R, [&](int r) {
-        cublasGemmStridedBatchedEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, N * K,
-                                   a.data_ptr(), CUDA_R_16BF, H * K, K, &beta, y.data_ptr(), CUDA_R_16BF, H * N, N, H,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      });
+      timer.add(&t_cublas, R, [&](int r) { cublas_mla_bmm(cub, w[r], a, y); });
       timer.add(&t_ours, R, [&](int r) { cuda::bmm(a, w[r].transpose(1, 2), y, s); });
       const bool tma = cuda::bmm_tma(a, w[0].transpose(1, 2), y, s);  // M <= 64
       if (tma) {

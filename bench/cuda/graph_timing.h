@@ -1,9 +1,12 @@
 // Device benchmarks' shared timing helpers: CUDA-event timing of captured graphs (median of
-// replays), the device copy bandwidth, random bf16 fills, the two emulated domains. Header-only, for the bench/cuda mains.
+// replays), how many rotating weight copies to time over, the device copy bandwidth, random bf16
+// fills, the two emulated domains, the --m option. Header-only, for the bench/cuda mains.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -111,6 +114,12 @@ class InterleavedTimer {
   std::vector<Entry> entries_;
 };
 
+// How many copies of a weight of `bytes` to rotate through so that they total > 240 MB (four times
+// the H200's L2) and each call reads its weights from memory: 2..max_copies.
+inline int rotating_copies(double bytes, int max_copies = 16) {
+  return static_cast<int>(std::clamp(std::ceil(240e6 / bytes), 2.0, static_cast<double>(max_copies)));
+}
+
 // Device-to-device copy bandwidth (bytes read + written per second), 2 GiB.
 inline double copy_bandwidth(cudaStream_t s) {
   const size_t bytes = size_t(1) << 30;
@@ -182,6 +191,25 @@ inline int make_two_domains(const std::string& split, std::vector<cuda::SmPartit
   }
   *parts = cuda::create_sm_partitions(0, 2, split == "aligned" ? cuda::SplitMode::kAligned : cuda::SplitMode::kBackfill);
   return 0;
+}
+
+// The --m option: comma-separated M values in 1..max_m. False (after saying why on stderr)
+// otherwise.
+inline bool parse_m_list(const std::string& list, int64_t max_m, std::vector<int64_t>* ms) {
+  ms->clear();
+  for (size_t at = 0; at < list.size();) {
+    const long long m = std::atoll(list.c_str() + at);
+    if (m < 1 || m > max_m) {
+      if (max_m == INT64_MAX) std::fprintf(stderr, "--m must be a comma-separated list of positive M values, got '%s'\n", list.c_str());
+      else std::fprintf(stderr, "--m must be a comma-separated list of M values in 1..%lld, got '%s'\n",
+                        static_cast<long long>(max_m), list.c_str());
+      return false;
+    }
+    ms->push_back(m);
+    const size_t comma = list.find(',', at);
+    at = comma == std::string::npos ? list.size() : comma + 1;
+  }
+  return true;
 }
 
 }  // namespace locus::bench
