@@ -237,6 +237,14 @@ struct TwoDomainProblem {
       a.parts[p].domain = p;
     }
   }
+  // The same heads as one part on one domain: an unpartitioned launch.
+  cuda::detail::BmmTmaArgs whole() const {
+    cuda::detail::BmmTmaArgs a = args;
+    a.num_parts = a.num_domains = 1;
+    a.parts[0].heads = args.parts[0].heads + args.parts[1].heads;
+    a.parts[0].domain = 0;
+    return a;
+  }
   // Poisons y, runs `launch` on `stream` and checks y against fp64.
   void check(const std::function<void()>& launch, cudaStream_t stream, const std::string& what) {
     io.out.fill_nan_();
@@ -245,6 +253,15 @@ struct TwoDomainProblem {
     EXPECT_LT(rel_error(io.result(), ref), fp32_out_gemm_tolerance(k)) << what;
   }
 };
+
+// A graph of `n` launches of `a` back to back on `stream`, as in a model step.
+cuda::Graph launches_graph(const cuda::detail::BmmTmaArgs& a, int n, cudaStream_t stream) {
+  cuda::Graph graph;
+  graph.begin_capture(stream);
+  for (int i = 0; i < n; ++i) cuda::detail::launch_bmm_tma(a, stream);
+  graph.end_capture();
+  return graph;
+}
 
 // Rank tables for `args` (kept alive by the returned device tensor): SM s is rank rank_of(s) of
 // domain domain_of(s); domain 0 has (sms + 1) / 2 ranks, domain 1 sms / 2.
@@ -293,10 +310,7 @@ TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const Tensor tables = set_rank_tables(pb.args, sms, domain_0, one_of_four);
-  cuda::Graph graph;
-  graph.begin_capture(caller_);
-  cuda::detail::launch_bmm_tma(pb.args, caller_);
-  graph.end_capture();
+  const cuda::Graph graph = launches_graph(pb.args, 1, caller_);
   // Two eager launches, then three replays.
   for (int rep = 0; rep < 5; ++rep) {
     pb.check([&] { rep < 2 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
@@ -316,10 +330,7 @@ TEST_F(CudaBmmTmaDomains, UnitsLongerThanTheRing) {
     for (const bool true_ranks : {true, false}) {
       const Tensor tables = true_ranks ? set_rank_tables(pb.args, sms, sm_parity, half_sm)
                                        : set_rank_tables(pb.args, sms, domain_0, one_of_four);
-      cuda::Graph graph;
-      graph.begin_capture(caller_);
-      cuda::detail::launch_bmm_tma(pb.args, caller_);
-      graph.end_capture();
+      const cuda::Graph graph = launches_graph(pb.args, 1, caller_);
       for (int rep = 0; rep < 3; ++rep)
         pb.check([&] { rep == 0 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
                  std::string(true_ranks ? "true ranks" : "colliding ranks") + " M " + std::to_string(M) + " run " +
@@ -338,10 +349,7 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   TwoDomainProblem pb(128, 1, 512, 128, 64);
   const Tensor kn = b_operand(pb.w, true);  // k_b's layout
-  cuda::detail::BmmTmaArgs whole = pb.args;
-  whole.num_parts = whole.num_domains = 1;
-  whole.parts[0].heads = 128;
-  whole.parts[0].domain = 0;
+  const cuda::detail::BmmTmaArgs whole = pb.whole();
   const Tensor tables = set_rank_tables(pb.args, sms, sm_parity, half_sm);
   for (int k = 64; k <= 512; k += 64)
     for (const int m : {1, 9, 17, 33, 64})
@@ -364,10 +372,7 @@ TEST_F(CudaBmmTmaDomains, EveryRingSize) {
     pb.check([&] { cuda::detail::launch_bmm_tma(pb.args, caller_); }, caller_, "parts, " + what);
     pb.check([&] { ASSERT_TRUE(cuda::bmm_tma(pb.io.a, kn, pb.io.y, caller_)); }, caller_, "[K, N], " + what);
     for (const bool parts : {false, true}) {
-      cuda::Graph graph;  // launches back to back, as in a model step
-      graph.begin_capture(caller_);
-      for (int i = 0; i < 8; ++i) cuda::detail::launch_bmm_tma(parts ? pb.args : whole, caller_);
-      graph.end_capture();
+      const cuda::Graph graph = launches_graph(parts ? pb.args : whole, 8, caller_);
       for (int rep = 0; rep < 3; ++rep)
         pb.check([&] { graph.replay(caller_); }, caller_, (parts ? "graph of parts, " : "graph of wholes, ") + what);
     }
@@ -387,10 +392,7 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
   for (const Shape3 sh : {Shape3{128, 512, 128}, Shape3{128, 128, 512}})
     for (const int64_t M : {1, 24}) {
       TwoDomainProblem pb(sh.heads, M, sh.n, sh.k, sh.heads / 2);
-      cuda::detail::BmmTmaArgs whole = pb.args;
-      whole.num_parts = whole.num_domains = 1;
-      whole.parts[0].heads = static_cast<int32_t>(sh.heads);
-      whole.parts[0].domain = 0;
+      const cuda::detail::BmmTmaArgs whole = pb.whole();
       Tensor first;  // the first result, which every other must equal bitwise
       for (const int mode : {0, 2, 8})
         for (const int form : {0, 1, 2}) {  // whole, true ranks, colliding ranks
@@ -402,10 +404,7 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
           const cuda::detail::BmmTmaArgs& a = form == 0 ? whole : pb.args;
           const std::string what = std::to_string(sh.n) + " x " + std::to_string(sh.k) + " M " + std::to_string(M) +
                                    " mode " + std::to_string(mode) + " form " + std::to_string(form);
-          cuda::Graph graph;
-          graph.begin_capture(caller_);
-          for (int i = 0; i < 6; ++i) cuda::detail::launch_bmm_tma(a, caller_);
-          graph.end_capture();
+          const cuda::Graph graph = launches_graph(a, 6, caller_);
           for (int rep = 0; rep < 3; ++rep) {
             pb.check([&] { rep == 0 ? cuda::detail::launch_bmm_tma(a, caller_) : graph.replay(caller_); }, caller_,
                      what + " run " + std::to_string(rep));
