@@ -29,9 +29,10 @@
 #include "backends/cuda/bmm_tma.h"
 #include "backends/cuda/cuda_ops.h"
 #include "core/tensor.h"
-#include "bmm_tuning_arg.h"
+#include "cta_timeline.h"
 #include "graph_timing.h"
 #include "mla_bmm_reference.h"
+#include "tuning_args.h"
 
 using namespace locus;
 using namespace locus::bench;
@@ -39,45 +40,18 @@ namespace cd = locus::cuda::detail;
 
 namespace {
 
-using Record = std::vector<unsigned long long>;  // kBmmTraceWords words
-
-struct LaunchSummary {
-  double spread = 0, waited = 0, go = 0, first_med = 0, first_max = 0, end_med = 0, end_max = 0, next = 0;
-};
-
-// The launches of one traced replay: records in start order, `ctas` per launch.
-std::vector<LaunchSummary> summarize(const std::vector<Record>& recs, int ctas) {
-  std::vector<LaunchSummary> out;
-  const int launches = static_cast<int>(recs.size()) / ctas;
-  std::vector<double> t0(launches);
-  for (int l = 0; l < launches; ++l) {
-    unsigned long long s0 = ~0ull;
-    for (int i = 0; i < ctas; ++i) s0 = std::min(s0, recs[l * ctas + i][cd::kTraceStart]);
-    t0[l] = static_cast<double>(s0);
-  }
-  for (int l = 0; l < launches; ++l) {
-    LaunchSummary ls;
-    std::vector<double> waited, go, first, end;
-    for (int i = 0; i < ctas; ++i) {
-      const Record& r = recs[l * ctas + i];
-      auto at = [&](int w) { return (static_cast<double>(r[w]) - t0[l]) * 1e-3; };
-      ls.spread = std::max(ls.spread, at(cd::kTraceStart));
-      waited.push_back(at(cd::kTraceWaited));
-      go.push_back(at(cd::kTraceGo));
-      first.push_back(std::min(at(cd::kTraceFirst0), at(cd::kTraceFirst1)));
-      end.push_back(std::max(at(cd::kTraceEnd0), at(cd::kTraceEnd1)));
-    }
-    ls.waited = median(waited);
-    ls.go = median(go);
-    ls.first_med = median(first);
-    ls.first_max = *std::max_element(first.begin(), first.end());
-    ls.end_med = median(end);
-    ls.end_max = *std::max_element(end.begin(), end.end());
-    ls.next = l + 1 < launches ? (t0[l + 1] - t0[l]) * 1e-3 : 0;
-    out.push_back(ls);
-  }
-  return out;
+// Per CTA of a launch: the earlier of its two consumer groups' first slots, the later of their ends.
+std::vector<double> first_slot(const TracedLaunch& l) {
+  std::vector<double> v(l.at[cd::kTraceFirst0].size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::min(l.at[cd::kTraceFirst0][i], l.at[cd::kTraceFirst1][i]);
+  return v;
 }
+std::vector<double> outputs_written(const TracedLaunch& l) {
+  std::vector<double> v(l.at[cd::kTraceEnd0].size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::max(l.at[cd::kTraceEnd0][i], l.at[cd::kTraceEnd1][i]);
+  return v;
+}
+double last(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 }  // namespace
 
@@ -112,9 +86,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(11);
   cd::set_bmm_tma_tuning(knobs);
 
-  const int capacity = 16 * 2 * 1024;  // records: R <= 16 launches of at most 2 x 1024 CTAs
-  unsigned long long* trace = nullptr;
-  CK(cudaMalloc(reinterpret_cast<void**>(&trace), (cd::kBmmTraceHeader + size_t(capacity) * cd::kBmmTraceWords) * 8));
+  CtaTraceBuffer traced(16 * 2 * 1024, cd::kBmmTraceWords);  // R <= 16 launches of at most 2 x 1024 CTAs
 
   std::printf("| BMM (H x N x K) | M | launch | cuBLAS us | us per call | spread | waited | go | first (med / last) | "
               "end (med / last) | next | gap |\n"
@@ -148,44 +120,31 @@ int main(int argc, char** argv) {
       const std::pair<const char*, double> forms[] = {{"one domain", t_unpart}, {"two domains", t_part}};
       for (int f = 0; f < 2; ++f) {
         cd::BmmTmaTuning tuning = knobs;
-        tuning.trace = trace;
-        tuning.trace_records = capacity;
+        tuning.trace = traced.trace();
         cd::set_bmm_tma_tuning(tuning);
         const cuda::Graph g = capture(s, [&] {
           for (int r = 0; r < R; ++r) f == 0 ? unpart(r) : part(r);
         });
         cd::set_bmm_tma_tuning(knobs);
-        for (int i = 0; i < 3; ++i) g.replay(s);
-        CK(cudaMemsetAsync(trace, 0, 8, s));
-        g.replay(s);
-        CK(cudaStreamSynchronize(s));
-        unsigned long long started = 0;
-        CK(cudaMemcpy(&started, trace, 8, cudaMemcpyDeviceToHost));
-        const int n = static_cast<int>(std::min<unsigned long long>(started, capacity));
-        std::vector<unsigned long long> words(size_t(n) * cd::kBmmTraceWords);
-        CK(cudaMemcpy(words.data(), trace + cd::kBmmTraceHeader, words.size() * 8, cudaMemcpyDeviceToHost));
-        std::vector<Record> recs(n);
-        for (int i = 0; i < n; ++i)
-          recs[i].assign(words.begin() + size_t(i) * cd::kBmmTraceWords,
-                         words.begin() + size_t(i + 1) * cd::kBmmTraceWords);
-        const auto launches = summarize(recs, n / R);
-        // Medians over the inner launches (the first follows other work, the last has no next).
-        std::vector<double> v[8];
-        for (size_t l = 1; l + 1 < launches.size(); ++l) {
-          const LaunchSummary& x = launches[l];
-          const double vals[8] = {x.spread, x.waited, x.go, x.first_med, x.first_max, x.end_med, x.end_max, x.next};
-          for (int j = 0; j < 8; ++j) v[j].push_back(vals[j]);
-        }
-        double m[8];
-        for (int j = 0; j < 8; ++j) m[j] = median(v[j]);
+        const std::vector<TracedLaunch> launches = traced.replay(g, s, R);
+        const int n = static_cast<int>(launches[0].at[0].size());
+        auto med = [&](const std::function<double(const TracedLaunch&)>& of) { return inner_median(launches, of); };
+        const double m[8] = {
+            med([](const TracedLaunch& l) { return l.last(cd::kTraceStart); }),
+            med([](const TracedLaunch& l) { return l.median(cd::kTraceWaited); }),
+            med([](const TracedLaunch& l) { return l.median(cd::kTraceGo); }),
+            med([](const TracedLaunch& l) { return median(first_slot(l)); }),
+            med([](const TracedLaunch& l) { return last(first_slot(l)); }),
+            med([](const TracedLaunch& l) { return median(outputs_written(l)); }),
+            med([](const TracedLaunch& l) { return last(outputs_written(l)); }),
+            med([](const TracedLaunch& l) { return l.next; })};
         std::printf("| %lld x %lld x %lld | %lld | %s (%d CTAs) | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f / %.2f | "
                     "%.2f / %.2f | %.2f | %.2f |\n",
-                    (long long)H, (long long)N, (long long)K, (long long)M, forms[f].first, n / R, t_cublas * 1e6,
+                    (long long)H, (long long)N, (long long)K, (long long)M, forms[f].first, n, t_cublas * 1e6,
                     forms[f].second * 1e6, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[7] - m[6]);
         std::fflush(stdout);
       }
     }
   }
-  cudaFree(trace);
   return 0;
 }

@@ -56,31 +56,15 @@
 #include "core/tensor.h"
 #include "ops/nvfp4.h"
 #include "ops/partitioned.h"
-#include "bmm_tuning_arg.h"
 #include "graph_timing.h"
 #include "mla_bmm_reference.h"
+#include "nvfp4_bench_weights.h"
+#include "tuning_args.h"
 
 using namespace locus;
 using namespace locus::bench;
 
 namespace {
-
-ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
-  ops::Nvfp4Weight w;
-  w.n = n;
-  w.k = k;
-  w.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
-  w.scales = Tensor::empty({n, k / 16}, DType::kFP8E4M3);
-  auto* q = w.packed.data<uint8_t>();
-  for (int64_t i = 0; i < n * k / 2; i += 8) {
-    uint64_t r = rng();
-    std::memcpy(q + i, &r, std::min<int64_t>(8, n * k / 2 - i));
-  }
-  auto* s = w.scales.data<uint8_t>();
-  for (int64_t i = 0; i < n * k / 16; ++i) s[i] = static_cast<uint8_t>(0x20 + rng() % 0x30);  // 2^-3 .. 2^3
-  w.global_scale = 1.f / 2688.f;
-  return w;
-}
 
 struct Row {
   int64_t n, k, m;
@@ -93,12 +77,6 @@ std::string us(double seconds) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f", seconds * 1e6);
   return b;
-}
-
-// Rows [0, N/2) and [N/2, N) of a kLinear NVFP4 weight (host views).
-ops::Nvfp4Weight half_rows(const ops::Nvfp4Weight& w, int which) {
-  const int64_t n0 = which ? w.n / 2 : 0, n1 = which ? w.n : w.n / 2;
-  return ops::nvfp4_rows(w, n0, n1);
 }
 
 }  // namespace
@@ -169,12 +147,7 @@ int main(int argc, char** argv) {
   if (!bmm_tuning_arg.empty() && !parse_bmm_tuning(bmm_tuning_arg, &bmm_tuning)) return 2;
   cuda::detail::set_bmm_tma_tuning(bmm_tuning);
   cuda::detail::StreamGemmTuning table_tuning{};
-  if (!tuning_arg.empty() && std::sscanf(tuning_arg.c_str(), "%d,%d,%d,%d", &table_tuning.units_per_cta, &table_tuning.warps,
-                                         &table_tuning.stages, &table_tuning.dependent_launch) < 2) {
-    std::fprintf(stderr, "--tuning must be U,W[,S[,P]] (units per CTA, warps per CTA, ring depth, dependent launch), got '%s'\n",
-                 tuning_arg.c_str());
-    return 2;
-  }
+  if (!tuning_arg.empty() && !parse_stream_tuning(tuning_arg, &table_tuning)) return 2;
 
   if (sweep) {
     // The streaming kernel's stream-K cut: units per resident CTA.

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
@@ -25,11 +26,7 @@ using namespace locus;
 
 namespace {
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+using cuda::detail::global_ns;
 
 // Each CTA: stamp, then spin `spin_ns` (spin_ns > 0) or read its share of `src` (spin_ns == 0),
 // stamp again; thread 0 stores (start, end) at stamps[2 * blockIdx.x].

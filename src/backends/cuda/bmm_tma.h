@@ -45,6 +45,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/cta_trace.h"
+
 namespace locus::cuda::detail {
 
 constexpr int kBmmTmaMaxM = 64;
@@ -104,16 +106,11 @@ struct BmmTmaTuning {
   int early_copy = 2;        // before the previous kernel ends, copy the first units into the ring,
                              // whole, until this many slots are filled (at most the ring; the
                              // default: one per consumer group); 0: only ask L2 for the first unit
-  // A device buffer for a timeline of the launches (bench/cuda/bmm_timeline_bench.cpp), or nullptr:
-  // word 0 counts the CTAs started; CTA i < trace_records (in start order) writes the words
-  // kBmmTraceHeader + kBmmTraceWords * i + BmmTraceWord, times in %globaltimer nanoseconds.
-  unsigned long long* trace = nullptr;
-  int trace_records = 0;
+  // A timeline of the launches (bench/cuda/bmm_timeline_bench.cpp; records of BmmTraceWord), or off.
+  CtaTrace trace;
 };
 enum BmmTraceWord {
-  kTraceSm,       // the SM it ran on
-  kTraceBlock,    // its block index
-  kTraceStart,    // its first instruction
+  kTraceStart = kCtaTraceStart,  // its first instruction
   kTraceGo,       // the producer knows its units: after the previous kernel (and the rank claim)
   kTraceFirst0,   // consumer group 0's first slot landed
   kTraceEnd0,     // group 0's outputs written
@@ -122,7 +119,6 @@ enum BmmTraceWord {
   kTraceWaited,   // the producer's wait for the previous kernel returned
   kBmmTraceWords
 };
-constexpr int kBmmTraceHeader = 8;
 void set_bmm_tma_tuning(const BmmTmaTuning& t);
 
 }  // namespace locus::cuda::detail

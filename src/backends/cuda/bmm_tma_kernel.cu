@@ -10,6 +10,7 @@
 
 #include "backends/cuda/bmm_tma.h"
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/driver_api.h"
 #include "backends/cuda/mma_fragments.cuh"
@@ -55,8 +56,7 @@ struct BmmPlan {
   unsigned long long* arrivals;             // kRankUnits: CTAs started, all launches
   int32_t mode;                             // how units reach CTAs (kStaticUnits, ...)
   int32_t total_ctas, static_first, counted;
-  unsigned long long* trace;                // BmmTmaTuning::trace
-  int32_t trace_records;
+  CtaTrace trace;                           // BmmTmaTuning::trace
   int32_t early_copy;                       // BmmTmaTuning::early_copy: slots
 };
 
@@ -87,15 +87,6 @@ struct Smem {
 // The kernel's static shared memory (Smem) at most, however the compiler pads it.
 constexpr int kStaticSmemBound = (sizeof(Smem) + 127) / 128 * 128;
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-// Stamps word `w` of the CTA's timeline record (benchmarks only; see BmmTmaTuning::trace).
-__device__ __forceinline__ void stamp(const Smem& s, int w) {
-  if (s.trace != nullptr) s.trace[w] = global_ns();
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -286,8 +277,8 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     else pr.prefetch(0, u);
     pr.prefetch_rest();
     wait_for_previous_grid();  // before the activations
-    stamp(s, kTraceWaited);
-    stamp(s, kTraceGo);
+    stamp(s.trace, kTraceWaited);
+    stamp(s.trace, kTraceGo);
     pr.copy_x();
     pr.complete();
     for (; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
@@ -306,7 +297,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
       pr.prefetch_rest();
     }
     wait_for_previous_grid();  // before the activations and the claims
-    stamp(s, kTraceWaited);
+    stamp(s.trace, kTraceWaited);
     // Every launch adds total_ctas arrivals and claims every rank once: the launch's number.
     const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
     if (speculate && !pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], rank + 1, pl.slots, kSpeculative);
@@ -316,17 +307,17 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
     s.claim_held = held;
     mbar_arrive(smem_addr(&s.claimed));
-    stamp(s, kTraceGo);
+    stamp(s.trace, kTraceGo);
     pr.complete();  // the last speculative unit
     if (domain >= 0)
       for (u = held ? u : rank; u < pl.units[domain]; u += a.domain_sms[domain]) pr.issue(domain, u, 0);
   } else {
     UnitQueue<BmmPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
     wait_for_previous_grid();  // before the counters and the activations
-    stamp(s, kTraceWaited);
+    stamp(s.trace, kTraceWaited);
     int domain, unit;
     q.first(&domain, &unit);
-    stamp(s, kTraceGo);
+    stamp(s.trace, kTraceGo);
     for (; domain >= 0; q.take(&domain, &unit)) pr.issue(domain, unit, 0);
   }
   pr.finish();
@@ -375,7 +366,7 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   for (uint32_t item = group;; item += kConsumerGroups) {
     const int sl = static_cast<int>(item % pl.slots);
     mbar_wait(smem_addr(&s.w_full[sl]), (item / pl.slots) & 1);
-    if (leader && item < kConsumerGroups) stamp(s, group ? kTraceFirst1 : kTraceFirst0);
+    if (leader && item < kConsumerGroups) stamp(s.trace, group ? kTraceFirst1 : kTraceFirst0);
     const SlotInfo info = s.info[sl];
     if (info.row0 < 0) break;
     // The x buffer's fill for this unit has landed (an earlier wait of this fill returns at once:
@@ -484,7 +475,7 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   }
   if (leader) {
     bulk_wait_all();
-    stamp(s, group ? kTraceEnd1 : kTraceEnd0);
+    stamp(s.trace, group ? kTraceEnd1 : kTraceEnd0);
   }
 }
 
@@ -499,16 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t out_base = w_base + pl.slots * pl.slot_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
-    s.trace = nullptr;
-    if (pl.trace != nullptr) {
-      const unsigned long long t = global_ns(), i = atomicAdd(pl.trace, 1ull);
-      if (i < static_cast<unsigned long long>(pl.trace_records)) {
-        s.trace = pl.trace + kBmmTraceHeader + kBmmTraceWords * i;
-        s.trace[kTraceSm] = sm_id();
-        s.trace[kTraceBlock] = blockIdx.x;
-        s.trace[kTraceStart] = t;
-      }
-    }
+    s.trace = open_trace_record(pl.trace, kBmmTraceWords);
     for (int i = 0; i < pl.slots; ++i) {
       mbar_init(smem_addr(&s.w_full[i]), 1);
       mbar_init(smem_addr(&s.w_empty[i]), kGroupWarps);  // one group takes a slot
@@ -682,7 +664,6 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   }
   pl.total_ctas = ctas;
   pl.trace = g_tuning.trace;
-  pl.trace_records = g_tuning.trace_records;
   pl.early_copy = g_tuning.early_copy;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(ctas);

@@ -30,6 +30,8 @@
 
 #include <cstdint>
 
+#include "backends/cuda/cta_trace.h"
+
 namespace locus::cuda::detail {
 
 constexpr int kStreamGemmMaxParts = 8;
@@ -105,6 +107,16 @@ struct StreamGemmTuning {
   int stages = 0;         // ring depth per warp: 0 the heuristic, else 2..4
   int dependent_launch = 1;  // 1: programmatic dependent launch (start during the previous
                              // kernel's tail, prefetching weights); 0: plain stream order
+  CtaTrace trace;  // a timeline of the launches (bench/cuda/stream_timeline_bench.cpp), or off
+};
+// The words of a CTA's timeline record (times of its last unit where it takes several).
+enum StreamTraceWord {
+  kStreamTraceStart = kCtaTraceStart,  // its first instruction
+  kStreamTraceWaited,    // its wait for the previous kernel returned
+  kStreamTraceFirst,     // warp 0's first chunk landed in its ring
+  kStreamTraceStreamed,  // every warp has streamed its share of the unit
+  kStreamTraceEnd,       // the unit's outputs (or partials) are written
+  kStreamTraceWords
 };
 void set_stream_gemm_tuning(const StreamGemmTuning& t);
 

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "backends/cuda/cp_async.cuh"
+#include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/nvfp4_layout.h"
@@ -37,6 +38,7 @@ struct Plan {
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
   int32_t counted;       // 1: CTAs take units from the counters
+  CtaTrace trace;        // StreamGemmTuning::trace
 };
 
 constexpr int kTileCounters = kStreamGemmMaxDomains;
@@ -340,10 +342,12 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
 
 // Streams chunks [wb, we) of `domain`'s rows laid end to end (C chunks per row) through this
 // warp's cp.async ring (pl.stages - 1 chunks ahead, across row boundaries, so the pipeline never
-// drains inside a unit), and leaves the sums of each row it touched in its row slot.
+// drains inside a unit), and leaves the sums of each row it touched in its row slot. Stamps
+// kStreamTraceFirst into `trace` (if not nullptr) when its first chunk has landed.
 template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t wb, int64_t we,
-                                            int64_t r_first, uint32_t ring, uint8_t* slots, int warp, int lane) {
+                                            int64_t r_first, uint32_t ring, uint8_t* slots, int warp, int lane,
+                                            unsigned long long* trace) {
   using Fmt = Format<F>;
   const int stages = pl.stages;
   constexpr int R = Fmt::kGroupTiles;
@@ -406,6 +410,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     issue(j + stages - 1);
     cp_async_wait_pending(stages - 1);
     __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
+    if (j == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     if (left == 0) {  // the previous row is done
       leave(row);
       clear();
@@ -569,12 +574,15 @@ __global__ void __launch_bounds__(W * 32)
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int s_domain, s_unit;
   __shared__ unsigned s_last[kMaxUnitRows];
+  __shared__ unsigned long long* s_trace;  // this CTA's timeline record, or nullptr
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
   uint8_t* slots = smem + W * pl.ring_bytes;  // the row slots (row_slot) after the W rings
+  if (threadIdx.x == 0) s_trace = open_trace_record(pl.trace, kStreamTraceWords);
   launch_dependents();
   if (pl.overlapped && warp == 0) prefetch_first_unit<F, H>(a, pl, lane);
   wait_for_previous_grid();  // before the counters, activations, partials or outputs are touched
+  if (threadIdx.x == 0) stamp(s_trace, kStreamTraceWaited);
 
   const int home = home_domain(a.sm_domain, a.num_domains, kNoDomain);
   UnitQueue<Plan> q{pl, a.num_domains, home};
@@ -589,14 +597,17 @@ __global__ void __launch_bounds__(W * 32)
     unit_range(pl, domain, unit, &begin, &end);
     const int64_t r_first = begin / pl.chunks;
     const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
-    if (we > wb) warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane);
+    if (we > wb)
+      warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane, warp == 0 ? s_trace : nullptr);
     __syncthreads();
+    if (threadIdx.x == 0) stamp(s_trace, kStreamTraceStreamed);
     // Thread 0 asks for its next unit now, so that the round trip overlaps the unit's end.
     int ahead = -1;
     unsigned got = 0;
     if (threadIdx.x == 0 && pl.counted && (ahead = q.next_domain()) >= 0) got = atomicAdd(pl.counters + ahead, 1u);
     finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);  // ends with a barrier
     if (threadIdx.x == 0) {
+      stamp(s_trace, kStreamTraceEnd);
       s_domain = -1;
       if (ahead >= 0 && q.accept(ahead, got, &s_unit)) s_domain = ahead;
       else q.take(&s_domain, &s_unit);
@@ -611,6 +622,7 @@ std::atomic<int> g_units_per_cta{0};
 std::atomic<int> g_warps{0};
 std::atomic<int> g_stages{0};
 std::atomic<bool> g_dependent_launch{true};
+CtaTrace g_trace;  // benchmarks set it between launches (set_stream_gemm_tuning), never concurrently
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached); 0
 // when one CTA does not fit.
@@ -732,6 +744,7 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;
   pl.overlapped = g_dependent_launch.load() && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
+  pl.trace = g_trace;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(W * 32);
@@ -780,6 +793,7 @@ void set_stream_gemm_tuning(const StreamGemmTuning& t) {
   g_warps.store(t.warps);
   g_stages.store(t.stages);
   g_dependent_launch.store(t.dependent_launch != 0);
+  g_trace = t.trace;
 }
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {

@@ -1,0 +1,78 @@
+// Reading back a kernel's CTA timeline (src/backends/cuda/cta_trace.h) after one traced replay of
+// a graph of back-to-back launches: the records, grouped into launches in start order, as us from
+// each launch's first CTA start. Header-only, for the bench/cuda timeline mains.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "backends/cuda/cta_trace.h"
+#include "graph_timing.h"
+
+namespace locus::bench {
+
+struct TracedLaunch {
+  std::vector<std::vector<double>> at;  // at[word][cta]: us from the launch's first CTA start
+  double next = 0;                      // us to the next launch's first CTA start (0: the last)
+  double median(int word) const { return bench::median(at[word]); }
+  double last(int word) const { return *std::max_element(at[word].begin(), at[word].end()); }
+};
+
+// A device buffer for `records` records of `words` words.
+class CtaTraceBuffer {
+ public:
+  CtaTraceBuffer(int records, int words) : words_(words) {
+    trace_.records = records;
+    CK(cudaMalloc(reinterpret_cast<void**>(&trace_.buf),
+                  (cuda::detail::kCtaTraceHeader + size_t(records) * words) * sizeof(unsigned long long)));
+  }
+  ~CtaTraceBuffer() { cudaFree(trace_.buf); }
+  CtaTraceBuffer(const CtaTraceBuffer&) = delete;
+  CtaTraceBuffer& operator=(const CtaTraceBuffer&) = delete;
+
+  const cuda::detail::CtaTrace& trace() const { return trace_; }
+
+  // Replays `g` (`launches` launches of the traced kernel) three times to warm up, then once with
+  // the record count reset, and returns that replay's launches: the records in start order, cut
+  // into `launches` equal groups.
+  std::vector<TracedLaunch> replay(const cuda::Graph& g, cudaStream_t s, int launches) {
+    for (int i = 0; i < 3; ++i) g.replay(s);
+    CK(cudaMemsetAsync(trace_.buf, 0, sizeof(unsigned long long), s));
+    g.replay(s);
+    CK(cudaStreamSynchronize(s));
+    unsigned long long started = 0;
+    CK(cudaMemcpy(&started, trace_.buf, sizeof started, cudaMemcpyDeviceToHost));
+    const int n = static_cast<int>(std::min<unsigned long long>(started, trace_.records));
+    std::vector<unsigned long long> w(size_t(n) * words_);
+    CK(cudaMemcpy(w.data(), trace_.buf + cuda::detail::kCtaTraceHeader, w.size() * sizeof w[0],
+                  cudaMemcpyDeviceToHost));
+    const int ctas = n / launches;
+    std::vector<TracedLaunch> out(launches);
+    std::vector<unsigned long long> t0(launches, ~0ull);
+    for (int l = 0; l < launches; ++l)
+      for (int i = 0; i < ctas; ++i) t0[l] = std::min(t0[l], w[size_t(l * ctas + i) * words_ + cuda::detail::kCtaTraceStart]);
+    for (int l = 0; l < launches; ++l) {
+      out[l].at.assign(words_, std::vector<double>(ctas));
+      for (int i = 0; i < ctas; ++i)
+        for (int k = 0; k < words_; ++k)
+          out[l].at[k][i] = (static_cast<double>(w[size_t(l * ctas + i) * words_ + k]) - static_cast<double>(t0[l])) * 1e-3;
+      out[l].next = l + 1 < launches ? (static_cast<double>(t0[l + 1]) - static_cast<double>(t0[l])) * 1e-3 : 0;
+    }
+    return out;
+  }
+
+ private:
+  cuda::detail::CtaTrace trace_;
+  int words_;
+};
+
+// The median over the inner launches (the first follows other work, the last has no next) of f.
+inline double inner_median(const std::vector<TracedLaunch>& launches, const std::function<double(const TracedLaunch&)>& f) {
+  std::vector<double> v;
+  for (size_t l = 1; l + 1 < launches.size(); ++l) v.push_back(f(launches[l]));
+  return median(v);
+}
+
+}  // namespace locus::bench
