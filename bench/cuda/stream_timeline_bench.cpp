@@ -12,9 +12,10 @@
 //   streamed  when the CTA's warps had streamed their unit (median and last);
 //   end       when its outputs or partials were written (median and last: the launch's span);
 //   next      the next launch's first CTA start (the period; minus the last end: the gap).
-// "floor us" is the weight's bytes (codes and scales) at the measured copy bandwidth (half of the
-// copy's read + write rate, i.e. its read rate), the time a pure stream of the weight would take.
-// usage: cuda_stream_timeline_bench [--m M1,M2,..] [--shape NxK] [--tuning U,W[,S[,P]]]
+// "floor us" is the weight's bytes (codes and scales) at the measured device copy bandwidth (bytes
+// read + written per second, as cuda_gemm_bench reports it): about what a pure stream of the
+// weight would take.
+// usage: cuda_stream_timeline_bench [--m M1,M2,..] [--shape NxK] [--tuning U,W[,S[,P[,F]]]]
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -70,12 +71,12 @@ int main(int argc, char** argv) {
   const Device dev = Device::cuda(0);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const double read_bw = copy_bandwidth(s) / 2;
+  const double copy_bw = copy_bandwidth(s);
   std::mt19937_64 rng(13);
   cd::set_stream_gemm_tuning(knobs);
   CtaTraceBuffer traced(16 * 8 * 132, cd::kStreamTraceWords);  // R <= 16 launches of at most 8 CTAs per SM
 
-  std::printf("Read bandwidth (half the device copy rate): %.0f GB/s\n\n", read_bw * 1e-9);
+  std::printf("Device copy bandwidth (read + written): %.0f GB/s\n\n", copy_bw * 1e-9);
   std::printf("| N x K | M | CTAs | us per call | floor us | GB/s | spread | waited | first (med / last) | "
               "streamed (med / last) | end (med / last) | next | gap |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
       const double next = med([](const TracedLaunch& l) { return l.next; });
       std::printf("| %lld x %lld | %lld | %zu | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | "
                   "%.2f / %.2f | %.2f | %.2f |\n",
-                  (long long)N, (long long)K, (long long)M, launches[0].at[0].size(), t * 1e6, wbytes / read_bw * 1e6,
+                  (long long)N, (long long)K, (long long)M, launches[0].at[0].size(), t * 1e6, wbytes / copy_bw * 1e6,
                   wbytes / t * 1e-9, last(cd::kStreamTraceStart), at(cd::kStreamTraceWaited),
                   at(cd::kStreamTraceFirst), last(cd::kStreamTraceFirst), at(cd::kStreamTraceStreamed),
                   last(cd::kStreamTraceStreamed), at(cd::kStreamTraceEnd), last(cd::kStreamTraceEnd), next,

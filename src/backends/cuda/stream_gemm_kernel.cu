@@ -34,8 +34,9 @@ struct Plan {
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
-  int32_t stages;      // its ring depth, 2..4
+  int32_t stages;      // its ring depth, 2..kMaxTunedStages
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
+  int32_t prefetch_bytes;  // then: how much of its first unit a CTA asks L2 for
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
   int32_t counted;       // 1: CTAs take units from the counters
   CtaTrace trace;        // StreamGemmTuning::trace
@@ -268,6 +269,7 @@ struct Format<StreamWeight::kBF16> {
 // Most pipeline stages per warp; launch_shape takes fewer where that keeps two CTAs per SM
 // (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
 constexpr int kMaxPipelineStages = 4;
+constexpr int kMaxTunedStages = 8;  // what StreamGemmTuning::stages may ask for
 
 // Writes the outputs of one finished tile: v[h] holds the tile's (gate, up) sums in C-fragment order.
 template <StreamWeight F, int MB, int H>
@@ -536,13 +538,15 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
 }
 
 // Before the previous kernel in the stream has finished (programmatic dependent launch), a CTA
-// asks L2 for up to kPrefetchBytes of the weights of unit blockIdx.x of the domains' units laid
+// asks L2 for up to pl.prefetch_bytes (kPrefetchBytes by default) of the weights of unit blockIdx.x of the domains' units laid
 // end to end: with one domain its own first unit; with several a guess (units come from the
 // counters), but the CTAs together ask for the first units of every domain, whoever streams them. Weights only: nothing the previous kernel
 // writes is read here, and an L2 prefetch returns no data that could go stale. Only in launches
 // that overlap the previous kernel: in a plain one it would just compete with the rings' first
-// copies.
-constexpr int64_t kPrefetchBytes = 64 << 10;
+// copies. (More is slower on the H200: 128-256 KB took 18432 x 7168 at M = 1 from 33.1 to
+// 34.1-35.5 us, as the requests compete with the previous kernel's last CTAs, on which the wait
+// depends; cuda_stream_timeline_bench --tuning 0,0,0,1,F.)
+constexpr int kPrefetchBytes = 64 << 10;
 
 template <StreamWeight F, int H>
 __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, const Plan& pl, int lane) {
@@ -553,7 +557,7 @@ __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, con
   const int64_t c = pl.chunks;
   int64_t begin, end;
   unit_range(pl, domain, unit, &begin, &end);
-  int64_t budget = kPrefetchBytes;
+  int64_t budget = pl.prefetch_bytes;
   for (int64_t r = begin / c; r * c < end && budget > 0; ++r) {
     Segment u = decode_row<H>(a, domain, r);
     int c1;
@@ -622,6 +626,7 @@ std::atomic<int> g_units_per_cta{0};
 std::atomic<int> g_warps{0};
 std::atomic<int> g_stages{0};
 std::atomic<bool> g_dependent_launch{true};
+std::atomic<int> g_prefetch_bytes{kPrefetchBytes};
 CtaTrace g_trace;  // benchmarks set it between launches (set_stream_gemm_tuning), never concurrently
 
 // Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached); 0
@@ -744,6 +749,7 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;
   pl.overlapped = g_dependent_launch.load() && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
+  pl.prefetch_bytes = g_prefetch_bytes.load();
   pl.trace = g_trace;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
@@ -788,11 +794,13 @@ void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
 void set_stream_gemm_tuning(const StreamGemmTuning& t) {
   LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || t.warps == kNarrowWarps, "streaming GEMM: ", t.warps,
               " warps per CTA (0, ", kNarrowWarps, " or ", kWideWarps, ")");
-  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= 4), "streaming GEMM: ring depth ", t.stages, " (0, or 2..4)");
+  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= kMaxTunedStages), "streaming GEMM: ring depth ", t.stages,
+              " (0, or 2..", kMaxTunedStages, ")");
   g_units_per_cta.store(t.units_per_cta);
   g_warps.store(t.warps);
   g_stages.store(t.stages);
   g_dependent_launch.store(t.dependent_launch != 0);
+  g_prefetch_bytes.store(t.prefetch_kb > 0 ? t.prefetch_kb << 10 : kPrefetchBytes);
   g_trace = t.trace;
 }
 
