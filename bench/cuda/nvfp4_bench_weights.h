@@ -13,11 +13,7 @@ namespace locus::bench {
 
 // N x K random e2m1 codes, block scales 2^-3..2^3, global scale 1/2688.
 inline ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& rng) {
-  ops::Nvfp4Weight w;
-  w.n = n;
-  w.k = k;
-  w.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
-  w.scales = Tensor::empty({n, k / 16}, DType::kFP8E4M3);
+  ops::Nvfp4Weight w = ops::nvfp4_empty(n, k, 1.f / 2688.f);
   auto* q = w.packed.data<uint8_t>();
   for (int64_t i = 0; i < n * k / 2; i += 8) {
     uint64_t r = rng();
@@ -25,7 +21,6 @@ inline ops::Nvfp4Weight random_fp4_host(int64_t n, int64_t k, std::mt19937_64& r
   }
   auto* s = w.scales.data<uint8_t>();
   for (int64_t i = 0; i < n * k / 16; ++i) s[i] = static_cast<uint8_t>(0x20 + rng() % 0x30);  // 2^-3 .. 2^3
-  w.global_scale = 1.f / 2688.f;
   return w;
 }
 

@@ -108,6 +108,18 @@ Tensor nvfp4_dequantize(const Nvfp4Weight& w) {
   return cpu::nvfp4_dequantize(w, cpu::ThreadPool::global());
 }
 
+Nvfp4Weight nvfp4_empty(int64_t n, int64_t k, float global_scale) {
+  LOCUS_CHECK(n >= 0 && k >= 0 && k % 16 == 0, "nvfp4_empty: shape [", n, ", ", k, "] (K must be a multiple of 16)");
+  Nvfp4Weight w;
+  w.n = n;
+  w.k = k;
+  w.global_scale = global_scale;
+  w.layout = Nvfp4Layout::kLinear;
+  w.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
+  w.scales = Tensor::empty({n, k / 16}, DType::kFP8E4M3);
+  return w;
+}
+
 Nvfp4Weight nvfp4_rows(const Nvfp4Weight& w, int64_t n0, int64_t n1) {
   check_linear("nvfp4_rows", w);
   LOCUS_CHECK(0 <= n0 && n0 <= n1 && n1 <= w.n, "nvfp4_rows: rows [", n0, ", ", n1, ") out of range for a weight of ",

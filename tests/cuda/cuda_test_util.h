@@ -48,11 +48,7 @@ inline std::vector<double> ref_swiglu(const std::vector<double>& gu, int64_t M, 
 // zero and subnormal blocks included), a random global scale.
 inline ops::Nvfp4Weight random_nvfp4(int64_t n, int64_t k, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  ops::Nvfp4Weight w;
-  w.n = n;
-  w.k = k;
-  w.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
-  w.scales = Tensor::empty({n, k / 16}, DType::kFP8E4M3);
+  ops::Nvfp4Weight w = ops::nvfp4_empty(n, k, 1.f);
   auto* q = w.packed.data<uint8_t>();
   for (int64_t i = 0; i < n * k / 2; ++i) q[i] = static_cast<uint8_t>(rng() & 0xFF);
   auto* s = w.scales.data<uint8_t>();
@@ -64,7 +60,6 @@ inline ops::Nvfp4Weight random_nvfp4(int64_t n, int64_t k, uint64_t seed) {
     else s[i] = f32_to_e4m3(static_cast<float>(std::exp2(logu(rng))));
   }
   w.global_scale = static_cast<float>(std::exp2(-6.0 + (rng() % 1000) / 500.0));
-  w.layout = ops::Nvfp4Layout::kLinear;
   return w;
 }
 

@@ -66,13 +66,7 @@ float nvfp4_global_scale_for(const Tensor& w) {
 
 ops::Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale, ThreadPool& pool) {
   const int64_t n = w.size(0), k = w.size(1);
-  ops::Nvfp4Weight q;
-  q.n = n;
-  q.k = k;
-  q.global_scale = global_scale;
-  q.layout = ops::Nvfp4Layout::kLinear;
-  q.packed = Tensor::empty({n, k / 2}, DType::kFP4E2M1x2);
-  q.scales = Tensor::empty({n, k / kBlock}, DType::kFP8E4M3);
+  ops::Nvfp4Weight q = ops::nvfp4_empty(n, k, global_scale);
   uint8_t* packed = q.packed.data<uint8_t>();
   uint8_t* scales = q.scales.data<uint8_t>();
   const float six_g = 6.0f * global_scale;  // ModelOpt: per_block_amax / (6.0 * weight_scale_2)
