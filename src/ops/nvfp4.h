@@ -30,8 +30,9 @@ Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale);
 float nvfp4_global_scale_for(const Tensor& w);  // amax(|w|) / (6 * 448), 1.0 for all-zero
 // Dequantizes a kLinear weight to fp32 [N,K] on the CPU.
 Tensor nvfp4_dequantize(const Nvfp4Weight& w);
-// An uninitialized kLinear N x K weight on the CPU (K a multiple of 16), for its codes and scales
-// to be filled in.
+// An uninitialized kLinear N x K weight on the CPU, for its codes and scales to be filled in: K / 2
+// code bytes and K / 16 scales per row (rounded down; only K % 16 == 0 is a valid weight, which
+// the ops check, so tests can also build malformed ones).
 Nvfp4Weight nvfp4_empty(int64_t n, int64_t k, float global_scale);
 // Rows [n0, n1) of a kLinear weight, as views (the shard a partition owns).
 Nvfp4Weight nvfp4_rows(const Nvfp4Weight& w, int64_t n0, int64_t n1);
