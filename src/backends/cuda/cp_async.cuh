@@ -22,18 +22,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-// cp.async.wait_group with a run-time count (a ring depth chosen at launch): 1 to 7.
+// cp.async.wait_group with a run-time count (a ring depth chosen at launch): 1 to 3.
 __device__ __forceinline__ void cp_async_wait_pending(int n) {
-  switch (n) {
-    case 0:
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    default: cp_async_wait<7>(); break;
-  }
+  if (n <= 1) cp_async_wait<1>();
+  else if (n == 2) cp_async_wait<2>();
+  else cp_async_wait<3>();
 }
 // Asks L2 to fetch `bytes` (a multiple of 16) from global memory at `p` (16-byte aligned); no
 // data comes back to the SM, so it is safe to issue before the producer of nearby data finishes.

@@ -34,7 +34,7 @@ struct Plan {
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
-  int32_t stages;      // its ring depth, 2..kMaxTunedStages
+  int32_t stages;      // its ring depth, 2..4
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
   int32_t prefetch_bytes;  // then: how much of its first unit a CTA asks L2 for
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
@@ -269,7 +269,6 @@ struct Format<StreamWeight::kBF16> {
 // Most pipeline stages per warp; launch_shape takes fewer where that keeps two CTAs per SM
 // (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
 constexpr int kMaxPipelineStages = 4;
-constexpr int kMaxTunedStages = 8;  // what StreamGemmTuning::stages may ask for
 
 // Writes the outputs of one finished tile: v[h] holds the tile's (gate, up) sums in C-fragment order.
 template <StreamWeight F, int MB, int H>
@@ -794,8 +793,8 @@ void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
 void set_stream_gemm_tuning(const StreamGemmTuning& t) {
   LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || t.warps == kNarrowWarps, "streaming GEMM: ", t.warps,
               " warps per CTA (0, ", kNarrowWarps, " or ", kWideWarps, ")");
-  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= kMaxTunedStages), "streaming GEMM: ring depth ", t.stages,
-              " (0, or 2..", kMaxTunedStages, ")");
+  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= kMaxPipelineStages), "streaming GEMM: ring depth ",
+              t.stages, " (0, or 2..", kMaxPipelineStages, "; deeper rings were slower: docs/benchmarks.md, tenth session)");
   g_units_per_cta.store(t.units_per_cta);
   g_warps.store(t.warps);
   g_stages.store(t.stages);
