@@ -343,9 +343,9 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
 
 // Streams chunks [wb, we) of `domain`'s rows laid end to end (C chunks per row) through this
 // warp's cp.async ring (pl.stages - 1 chunks ahead, across row boundaries, so the pipeline never
-// drains inside a unit), and leaves the sums of each row it touched in its row slot. Stamps
-// kStreamTraceFirst into `trace` (if not nullptr) when its first chunk has landed.
-template <StreamWeight F, int MB, int H>
+// drains inside a unit), and leaves the sums of each row it touched in its row slot. Traced
+// launches stamp kStreamTraceFirst into `trace` (if not nullptr) when its first chunk has landed.
+template <StreamWeight F, int MB, int H, bool kTraced>
 __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t wb, int64_t we,
                                             int64_t r_first, uint32_t ring, uint8_t* slots, int warp, int lane,
                                             unsigned long long* trace) {
@@ -411,7 +411,9 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     issue(j + stages - 1);
     cp_async_wait_pending(stages - 1);
     __syncwarp();  // stages written by other lanes (NVFP4 scale codes) are visible
-    if (j == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
+    if constexpr (kTraced) {
+      if (j == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
+    }
     if (left == 0) {  // the previous row is done
       leave(row);
       clear();
@@ -569,8 +571,10 @@ __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, con
 }
 
 // Each CTA takes one unit at a time (own domain first, then the others'): its warps stream the
-// unit's chunks, then finish_unit writes its rows' outputs or partials.
-template <StreamWeight F, int MB, int H, int W>
+// unit's chunks, then finish_unit writes its rows' outputs or partials. kTraced: the form that
+// stamps a timeline (StreamGemmTuning::trace); the stamps are compiled out of the other, which is
+// the one that runs (present but switched off, they cost 2 % at M = 1 on the H200).
+template <StreamWeight F, int MB, int H, int W, bool kTraced>
 __global__ void __launch_bounds__(W * 32)
     stream_gemm_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl) {
   static_assert(Format<F>::kGroupTiles <= W, "a warp per tile in the reduction");
@@ -581,11 +585,19 @@ __global__ void __launch_bounds__(W * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + warp * pl.ring_bytes;
   uint8_t* slots = smem + W * pl.ring_bytes;  // the row slots (row_slot) after the W rings
-  if (threadIdx.x == 0) s_trace = open_trace_record(pl.trace, kStreamTraceWords);
+  // Thread 0 stamps word w of the CTA's timeline record (traced launches only).
+  auto mark = [&](int w) {
+    if constexpr (kTraced) {
+      if (threadIdx.x == 0) stamp(s_trace, w);
+    }
+  };
+  if constexpr (kTraced) {
+    if (threadIdx.x == 0) s_trace = open_trace_record(pl.trace, kStreamTraceWords);
+  }
   launch_dependents();
   if (pl.overlapped && warp == 0) prefetch_first_unit<F, H>(a, pl, lane);
   wait_for_previous_grid();  // before the counters, activations, partials or outputs are touched
-  if (threadIdx.x == 0) stamp(s_trace, kStreamTraceWaited);
+  mark(kStreamTraceWaited);
 
   const int home = home_domain(a.sm_domain, a.num_domains, kNoDomain);
   UnitQueue<Plan> q{pl, a.num_domains, home};
@@ -601,16 +613,17 @@ __global__ void __launch_bounds__(W * 32)
     const int64_t r_first = begin / pl.chunks;
     const int64_t wb = begin + (end - begin) * warp / W, we = begin + (end - begin) * (warp + 1) / W;
     if (we > wb)
-      warp_stream<F, MB, H>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane, warp == 0 ? s_trace : nullptr);
+      warp_stream<F, MB, H, kTraced>(a, pl, domain, wb, we, r_first, ring, slots, warp, lane,
+                                     kTraced && warp == 0 ? s_trace : nullptr);
     __syncthreads();
-    if (threadIdx.x == 0) stamp(s_trace, kStreamTraceStreamed);
+    mark(kStreamTraceStreamed);
     // Thread 0 asks for its next unit now, so that the round trip overlaps the unit's end.
     int ahead = -1;
     unsigned got = 0;
     if (threadIdx.x == 0 && pl.counted && (ahead = q.next_domain()) >= 0) got = atomicAdd(pl.counters + ahead, 1u);
     finish_unit<F, MB, H, W>(a, pl, domain, unit, begin, end, slots, warp, lane, s_last);  // ends with a barrier
+    mark(kStreamTraceEnd);
     if (threadIdx.x == 0) {
-      stamp(s_trace, kStreamTraceEnd);
       s_domain = -1;
       if (ahead >= 0 && q.accept(ahead, got, &s_unit)) s_domain = ahead;
       else q.take(&s_domain, &s_unit);
@@ -638,7 +651,7 @@ int blocks_per_sm(int smem_bytes) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(smem_bytes);
   if (it != cache.end()) return it->second;
-  auto* kernel = stream_gemm_kernel<F, MB, H, W>;
+  auto* kernel = stream_gemm_kernel<F, MB, H, W, false>;
   if (cache.empty()) {
     int dev = 0, optin = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -646,7 +659,9 @@ int blocks_per_sm(int smem_bytes) {
     cudaFuncAttributes attr{};
     LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
     max_dynamic = optin - static_cast<int>(attr.sharedSizeBytes);
-    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
+    // The traced form (timelines) runs under the same shape; its occupancy is taken to be the same.
+    for (auto* k : {kernel, stream_gemm_kernel<F, MB, H, W, true>})
+      LOCUS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
   }
   int n = 0;
   if (smem_bytes <= max_dynamic)
@@ -760,7 +775,8 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
   config.attrs = overlap;
   config.numAttrs = 1;
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, stream_gemm_kernel<F, MB, H, W>, a, pl), "streaming GEMM kernel launch");
+  auto* kernel = pl.trace.buf != nullptr ? stream_gemm_kernel<F, MB, H, W, true> : stream_gemm_kernel<F, MB, H, W, false>;
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl), "streaming GEMM kernel launch");
 }
 
 template <StreamWeight F, int MB, int H>
