@@ -267,7 +267,13 @@ __device__ void claim_any_rank(const BmmTmaArgs& a, const BmmPlan& pl, unsigned 
   *domain = -1;  // unreachable: a launch has as many CTAs as ranks
 }
 
-template <bool kNC>
+// Stamps word `w` of the CTA's timeline record; compiled out of the untraced kernel form.
+template <bool kTraced>
+__device__ __forceinline__ void mark(const Smem& s, int w) {
+  if constexpr (kTraced) stamp(s.trace, w);
+}
+
+template <bool kNC, bool kTraced>
 __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& maps, Smem& s, uint32_t x_base,
                         uint32_t w_base) {
   Producer<kNC> pr{a, pl, maps, s, x_base, w_base};
@@ -277,8 +283,8 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     else pr.prefetch(0, u);
     pr.prefetch_rest();
     wait_for_previous_grid();  // before the activations
-    stamp(s.trace, kTraceWaited);
-    stamp(s.trace, kTraceGo);
+    mark<kTraced>(s, kTraceWaited);
+    mark<kTraced>(s, kTraceGo);
     pr.copy_x();
     pr.complete();
     for (; u < pl.units[0]; u += pl.total_ctas) pr.issue(0, u, 0);
@@ -297,7 +303,7 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
       pr.prefetch_rest();
     }
     wait_for_previous_grid();  // before the activations and the claims
-    stamp(s.trace, kTraceWaited);
+    mark<kTraced>(s, kTraceWaited);
     // Every launch adds total_ctas arrivals and claims every rank once: the launch's number.
     const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
     if (speculate && !pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], rank + 1, pl.slots, kSpeculative);
@@ -307,17 +313,17 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
     s.claim_held = held;
     mbar_arrive(smem_addr(&s.claimed));
-    stamp(s.trace, kTraceGo);
+    mark<kTraced>(s, kTraceGo);
     pr.complete();  // the last speculative unit
     if (domain >= 0)
       for (u = held ? u : rank; u < pl.units[domain]; u += a.domain_sms[domain]) pr.issue(domain, u, 0);
   } else {
     UnitQueue<BmmPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
     wait_for_previous_grid();  // before the counters and the activations
-    stamp(s.trace, kTraceWaited);
+    mark<kTraced>(s, kTraceWaited);
     int domain, unit;
     q.first(&domain, &unit);
-    stamp(s.trace, kTraceGo);
+    mark<kTraced>(s, kTraceGo);
     for (; domain >= 0; q.take(&domain, &unit)) pr.issue(domain, unit, 0);
   }
   pr.finish();
@@ -336,7 +342,7 @@ __device__ __forceinline__ void sts32(uint32_t addr, uint32_t v) {
 
 // Warp `warp` of consumer group `group`: rows 16 warp .. 16 warp + 15 of the group's slots (items
 // group, group + 2, ...), NT groups of 8 tokens.
-template <int NT, bool kNC>
+template <int NT, bool kNC, bool kTraced>
 __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& maps, Smem& s, uint32_t x_base,
                         uint32_t w_base, uint32_t out_base, int group, int warp, int lane) {
   constexpr int kMPad = 8 * NT;
@@ -366,7 +372,7 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   for (uint32_t item = group;; item += kConsumerGroups) {
     const int sl = static_cast<int>(item % pl.slots);
     mbar_wait(smem_addr(&s.w_full[sl]), (item / pl.slots) & 1);
-    if (leader && item < kConsumerGroups) stamp(s.trace, group ? kTraceFirst1 : kTraceFirst0);
+    if (leader && item < kConsumerGroups) mark<kTraced>(s, group ? kTraceFirst1 : kTraceFirst0);
     const SlotInfo info = s.info[sl];
     if (info.row0 < 0) break;
     // The x buffer's fill for this unit has landed (an earlier wait of this fill returns at once:
@@ -475,11 +481,13 @@ __device__ void consume(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
   }
   if (leader) {
     bulk_wait_all();
-    stamp(s.trace, group ? kTraceEnd1 : kTraceEnd0);
+    mark<kTraced>(s, group ? kTraceEnd1 : kTraceEnd0);
   }
 }
 
-template <int NT, bool kNC>
+// kTraced: the form that stamps a timeline (BmmTmaTuning::trace); the stamps are compiled out of the
+// other, which is the one that runs (in the streaming GEMM, stamps present but switched off cost 2 %).
+template <int NT, bool kNC, bool kTraced>
 __global__ void __launch_bounds__(kThreads, 1)
     bmm_tma_kernel(const __grid_constant__ BmmTmaArgs a, const __grid_constant__ BmmPlan pl,
                    const __grid_constant__ BmmMaps maps) {
@@ -490,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t out_base = w_base + pl.slots * pl.slot_bytes;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
-    s.trace = open_trace_record(pl.trace, kBmmTraceWords);
+    s.trace = kTraced ? open_trace_record(pl.trace, kBmmTraceWords) : nullptr;
     for (int i = 0; i < pl.slots; ++i) {
       mbar_init(smem_addr(&s.w_full[i]), 1);
       mbar_init(smem_addr(&s.w_empty[i]), kGroupWarps);  // one group takes a slot
@@ -510,11 +518,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   launch_dependents();
   if (warp == kConsumerWarps) {
-    if (lane == 0) produce<kNC>(a, pl, maps, s, x_base, w_base);
+    if (lane == 0) produce<kNC, kTraced>(a, pl, maps, s, x_base, w_base);
     return;
   }
   wait_for_previous_grid();  // before the outputs are written
-  consume<NT, kNC>(a, pl, maps, s, x_base, w_base, out_base, warp / kGroupWarps, warp % kGroupWarps, lane);
+  consume<NT, kNC, kTraced>(a, pl, maps, s, x_base, w_base, out_base, warp / kGroupWarps, warp % kGroupWarps, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -621,18 +629,19 @@ template <int NT, bool kNC>
 void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
   const int smem_bytes =
       pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
-  auto* kernel = bmm_tma_kernel<NT, kNC>;
-  {  // once per device: allow every size size_plan may pick
+  {  // once per device: allow every size size_plan may pick (both forms: untraced, traced)
     static std::mutex mu;
     static std::set<int> allowed;
     int device = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&device));
     std::lock_guard<std::mutex> lock(mu);
     if (allowed.insert(device).second) {
-      cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
-      LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-      LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            optin_smem(device) - static_cast<int>(attr.sharedSizeBytes)));
+      for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>}) {
+        cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
+        LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+        LOCUS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              optin_smem(device) - static_cast<int>(attr.sharedSizeBytes)));
+      }
     }
   }
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
@@ -675,6 +684,7 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   overlap[0].val.programmaticStreamSerializationAllowed = g_tuning.dependent_launch ? 1 : 0;
   config.attrs = overlap;
   config.numAttrs = 1;
+  auto* kernel = pl.trace.buf != nullptr ? bmm_tma_kernel<NT, kNC, true> : bmm_tma_kernel<NT, kNC, false>;
   LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, maps), "BMM TMA kernel launch");
 }
 
