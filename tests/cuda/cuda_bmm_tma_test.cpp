@@ -112,6 +112,46 @@ TEST(CudaBmmTma, MlaShapes) {
   }
 }
 
+// The traced kernel form (BmmTmaTuning::trace, for timelines: the stamps are compiled out of the
+// form that normally runs) writes the same outputs, bitwise, and one record per CTA whose stamps
+// are in order: start <= waited <= go (one domain), and each consumer group's first slot between
+// the start and its end.
+TEST(CudaBmmTma, TracedFormMatchesAndStampsInOrder) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  namespace cd = cuda::detail;
+  const Shape3 s{6, 200, 136};
+  const int64_t M = 5;
+  MlaBuffers plain(s.heads, M, s.k, s.n, DType::kFP32, seed), traced(s.heads, M, s.k, s.n, DType::kFP32, seed);
+  Tensor w = randn({s.heads, s.n, s.k}, DType::kBF16, seed + 1, 0.05);
+  const Tensor b = b_operand(w, false);
+  ASSERT_TRUE(cuda::bmm_tma(plain.a, b, plain.y, nullptr));
+  TraceRecords records(4096, cd::kBmmTraceWords);
+  cd::BmmTmaTuning t;
+  t.trace = records.trace();
+  cd::set_bmm_tma_tuning(t);
+  const bool ran = cuda::bmm_tma(traced.a, b, traced.y, nullptr);
+  const auto recs = records.read();
+  cd::set_bmm_tma_tuning({});
+  ASSERT_TRUE(ran);
+  const Tensor out = traced.result();
+  EXPECT_LT(rel_error(out, ref_bmm_nk(traced.a_host, w)), fp32_out_gemm_tolerance(s.k));
+  EXPECT_TRUE(bitwise_equal(out, plain.result()));
+  ASSERT_FALSE(recs.empty()) << "no CTA was traced";
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    SCOPED_TRACE(::testing::Message() << "record " << i);
+    EXPECT_GT(r[cd::kTraceStart], 0u);
+    EXPECT_LE(r[cd::kTraceStart], r[cd::kTraceWaited]);
+    EXPECT_LE(r[cd::kTraceWaited], r[cd::kTraceGo]);
+    for (auto [first, end] : {std::pair{cd::kTraceFirst0, cd::kTraceEnd0}, {cd::kTraceFirst1, cd::kTraceEnd1}}) {
+      EXPECT_LE(r[cd::kTraceStart], r[first]);
+      EXPECT_LE(r[first], r[end]);
+    }
+  }
+}
+
 TEST(CudaBmmTma, RefusesWhatItCannotRun) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();

@@ -99,6 +99,47 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
   EXPECT_TRUE(bitwise_equal(fetch(a), fetch(b)));
 }
 
+// The traced kernel form (StreamGemmTuning::trace, for timelines: the stamps are compiled out of
+// the form that normally runs) writes the same outputs, bitwise, and one record per CTA whose
+// stamps are in order: start <= waited <= first chunk (when warp 0 had one) <= streamed <= end.
+TEST(CudaStreamGemm, TracedFormMatchesAndStampsInOrder) {
+  LOCUS_REQUIRE_GPU();
+  RestoreDefaultTuning restore;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  namespace cd = cuda::detail;
+  const int64_t M = 3, N = 2048, K = 3072;
+  Tensor x = randn({M, K}, DType::kBF16, seed);
+  const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + 1);
+  const ops::Nvfp4Weight fp4 = cuda::nvfp4_prepare(host, 0, -1);
+  const Tensor xg = to_gpu(x);
+  Tensor plain = poisoned_gpu({M, N}, DType::kFP32), traced = poisoned_gpu({M, N}, DType::kFP32);
+  cuda::nvfp4_gemm(xg, fp4, {}, plain, nullptr);
+  TraceRecords records(4096, cd::kStreamTraceWords);
+  cd::StreamGemmTuning t;
+  t.trace = records.trace();
+  cd::set_stream_gemm_tuning(t);
+  cuda::nvfp4_gemm(xg, fp4, {}, traced, nullptr);
+  const auto recs = records.read();
+  cd::set_stream_gemm_tuning({});
+  const Tensor out = fetch(traced);
+  EXPECT_LT(rel_error(out, ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
+  EXPECT_TRUE(bitwise_equal(out, fetch(plain)));
+  ASSERT_FALSE(recs.empty()) << "no CTA was traced";
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& r = recs[i];
+    SCOPED_TRACE(::testing::Message() << "record " << i);
+    EXPECT_GT(r[cd::kStreamTraceStart], 0u);
+    EXPECT_LE(r[cd::kStreamTraceStart], r[cd::kStreamTraceWaited]);
+    EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceStreamed]);
+    EXPECT_LE(r[cd::kStreamTraceStreamed], r[cd::kStreamTraceEnd]);
+    if (r[cd::kStreamTraceFirst] != 0) {
+      EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceFirst]);
+      EXPECT_LE(r[cd::kStreamTraceFirst], r[cd::kStreamTraceStreamed]);
+    }
+  }
+}
+
 // Back-to-back launches in one stream, each reading the previous one's output: a programmatic
 // dependent launch starts (and prefetches weights) while the previous GEMM drains, so it must
 // still wait for that GEMM's output. Eager and captured, against fp64 per layer and bitwise

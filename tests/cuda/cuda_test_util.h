@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cuda/cta_trace.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
@@ -88,6 +89,40 @@ inline std::vector<double> ref_bmm_nk(const Tensor& a, const Tensor& w) {
   }
   return out;
 }
+
+// A zeroed device buffer for a kernel's CTA timeline (backends/cuda/cta_trace.h): `records`
+// records of `words` words.
+class TraceRecords {
+ public:
+  TraceRecords(int records, int words) : words_(words) {
+    trace_.records = records;
+    const size_t bytes = (cuda::detail::kCtaTraceHeader + size_t(records) * words) * sizeof(unsigned long long);
+    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&trace_.buf), bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(trace_.buf, 0, bytes), cudaSuccess);
+  }
+  ~TraceRecords() { cudaFree(trace_.buf); }
+  TraceRecords(const TraceRecords&) = delete;
+  TraceRecords& operator=(const TraceRecords&) = delete;
+  const cuda::detail::CtaTrace& trace() const { return trace_; }
+  // The records of the CTAs started so far (at most `records`), after the device is idle.
+  std::vector<std::vector<unsigned long long>> read() const {
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    unsigned long long started = 0;
+    EXPECT_EQ(cudaMemcpy(&started, trace_.buf, sizeof started, cudaMemcpyDeviceToHost), cudaSuccess);
+    const size_t n = std::min<size_t>(started, trace_.records);
+    std::vector<unsigned long long> w(n * words_);
+    EXPECT_EQ(cudaMemcpy(w.data(), trace_.buf + cuda::detail::kCtaTraceHeader, w.size() * sizeof w[0],
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    std::vector<std::vector<unsigned long long>> out(n);
+    for (size_t i = 0; i < n; ++i) out[i].assign(w.begin() + i * words_, w.begin() + (i + 1) * words_);
+    return out;
+  }
+
+ private:
+  cuda::detail::CtaTrace trace_;
+  int words_;
+};
 
 // Two emulated locality domains (green-context SM partitions, backfill split) and a caller
 // stream, for the tests of single-launch partitioned kernels.
