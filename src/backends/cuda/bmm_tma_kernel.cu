@@ -87,7 +87,6 @@ struct Smem {
 // The kernel's static shared memory (Smem) at most, however the compiler pads it.
 constexpr int kStaticSmemBound = (sizeof(Smem) + 127) / 128 * 128;
 
-
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

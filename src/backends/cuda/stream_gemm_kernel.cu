@@ -539,12 +539,12 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
 }
 
 // Before the previous kernel in the stream has finished (programmatic dependent launch), a CTA
-// asks L2 for up to pl.prefetch_bytes (kPrefetchBytes by default) of the weights of unit blockIdx.x of the domains' units laid
-// end to end: with one domain its own first unit; with several a guess (units come from the
-// counters), but the CTAs together ask for the first units of every domain, whoever streams them. Weights only: nothing the previous kernel
-// writes is read here, and an L2 prefetch returns no data that could go stale. Only in launches
-// that overlap the previous kernel: in a plain one it would just compete with the rings' first
-// copies. (More is slower on the H200: 128-256 KB took 18432 x 7168 at M = 1 from 33.1 to
+// asks L2 for up to pl.prefetch_bytes (kPrefetchBytes by default) of the weights of unit
+// blockIdx.x of the domains' units laid end to end: with one domain its own first unit; with
+// several a guess (units come from the counters), but the CTAs together ask for the first units of
+// every domain, whoever streams them. Weights only: nothing the previous kernel writes is read
+// here, and an L2 prefetch returns no data that could go stale. Only in launches that overlap the
+// previous kernel: in a plain one it would just compete with the rings' first copies. (More is slower on the H200: 128-256 KB took 18432 x 7168 at M = 1 from 33.1 to
 // 34.1-35.5 us, as the requests compete with the previous kernel's last CTAs, on which the wait
 // depends; cuda_stream_timeline_bench --tuning 0,0,0,1,F.)
 constexpr int kPrefetchBytes = 64 << 10;
