@@ -42,22 +42,17 @@ class CtaTraceBuffer {
     CK(cudaMemsetAsync(trace_.buf, 0, sizeof(unsigned long long), s));
     g.replay(s);
     CK(cudaStreamSynchronize(s));
-    unsigned long long started = 0;
-    CK(cudaMemcpy(&started, trace_.buf, sizeof started, cudaMemcpyDeviceToHost));
-    const int n = static_cast<int>(std::min<unsigned long long>(started, trace_.records));
-    std::vector<unsigned long long> w(size_t(n) * words_);
-    CK(cudaMemcpy(w.data(), trace_.buf + cuda::detail::kCtaTraceHeader, w.size() * sizeof w[0],
-                  cudaMemcpyDeviceToHost));
-    const int ctas = n / launches;
+    const auto recs = cuda::detail::read_cta_trace(trace_, words_);
+    const int ctas = static_cast<int>(recs.size()) / launches;
     std::vector<TracedLaunch> out(launches);
     std::vector<unsigned long long> t0(launches, ~0ull);
     for (int l = 0; l < launches; ++l)
-      for (int i = 0; i < ctas; ++i) t0[l] = std::min(t0[l], w[size_t(l * ctas + i) * words_ + cuda::detail::kCtaTraceStart]);
+      for (int i = 0; i < ctas; ++i) t0[l] = std::min(t0[l], recs[l * ctas + i][cuda::detail::kCtaTraceStart]);
     for (int l = 0; l < launches; ++l) {
       out[l].at.assign(words_, std::vector<double>(ctas));
       for (int i = 0; i < ctas; ++i)
         for (int k = 0; k < words_; ++k)
-          out[l].at[k][i] = (static_cast<double>(w[size_t(l * ctas + i) * words_ + k]) - static_cast<double>(t0[l])) * 1e-3;
+          out[l].at[k][i] = (static_cast<double>(recs[l * ctas + i][k]) - static_cast<double>(t0[l])) * 1e-3;
       out[l].next = l + 1 < launches ? (static_cast<double>(t0[l + 1]) - static_cast<double>(t0[l])) * 1e-3 : 0;
     }
     return out;

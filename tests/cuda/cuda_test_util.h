@@ -107,16 +107,7 @@ class TraceRecords {
   // The records of the CTAs started so far (at most `records`), after the device is idle.
   std::vector<std::vector<unsigned long long>> read() const {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    unsigned long long started = 0;
-    EXPECT_EQ(cudaMemcpy(&started, trace_.buf, sizeof started, cudaMemcpyDeviceToHost), cudaSuccess);
-    const size_t n = std::min<size_t>(started, trace_.records);
-    std::vector<unsigned long long> w(n * words_);
-    EXPECT_EQ(cudaMemcpy(w.data(), trace_.buf + cuda::detail::kCtaTraceHeader, w.size() * sizeof w[0],
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    std::vector<std::vector<unsigned long long>> out(n);
-    for (size_t i = 0; i < n; ++i) out[i].assign(w.begin() + i * words_, w.begin() + (i + 1) * words_);
-    return out;
+    return cuda::detail::read_cta_trace(trace_, words_);
   }
 
  private:
