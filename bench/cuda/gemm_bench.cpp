@@ -25,13 +25,13 @@
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
 // usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E]
-//                        [--m M1,M2,..] [--tuning U,W[,S[,P[,F]]]] [--out FILE]
+//                        [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
 // (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
 // BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
 // CTAs per SM and early weight copies, as in BmmTmaTuning (0 = the default for the first two). --m: the
 // M values of the table and the BMM rows. --tuning: the
 // streaming kernel's units per CTA, warps per CTA, ring depth, dependent launch (1/0), KB asked of
-// L2 before the previous kernel ends, for the table, as in
+// L2 before the previous kernel ends, feed (0 cp.async rings, 1 TMA producer), for the table, as in
 // StreamGemmTuning; fields left out keep their defaults)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E] [--m M1,M2,..] [--tuning U,W[,S[,P[,F]]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -155,11 +155,16 @@ int main(int argc, char** argv) {
     std::mt19937_64 srng(7);
     std::printf("\nsplit sweep (us per call; columns: heuristic; whole rows, stream-K with 1 and 2 units per resident CTA "
                 "(CTA shape by the heuristic); 4- and 8-warp CTAs (decomposition by the heuristic); the heuristic without "
-                "programmatic dependent launch)\n%-22s", "shape");
+                "programmatic dependent launch; the TMA feed (NVFP4 at M <= 16, else as heur) by its heuristic, whole rows "
+                "and stream-K 2)\n%-22s", "shape");
     // {units per CTA, warps}: the heuristic; whole rows; stream-K 1 and 2 per CTA; 4 and 8 warps.
-    // Last: the heuristic launched in plain stream order (no programmatic dependent launch).
-    const std::vector<cuda::detail::StreamGemmTuning> tunings = {{0, 0}, {-1, 0}, {1, 0}, {2, 0}, {0, 4}, {0, 8}, {0, 0, 0, 0}};
-    for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain"}) std::printf(" %7s", h);
+    // Then: the heuristic launched in plain stream order (no programmatic dependent launch); the
+    // TMA feed.
+    const std::vector<cuda::detail::StreamGemmTuning> tunings = {
+        {0, 0}, {-1, 0}, {1, 0}, {2, 0}, {0, 4}, {0, 8}, {0, 0, 0, 0}, {0, 0, 0, 1, 0, 1}, {-1, 0, 0, 1, 0, 1},
+        {2, 0, 0, 1, 0, 1}};
+    for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain", "tma", "tmarows", "tmask2"})
+      std::printf(" %7s", h);
     std::printf("\n");
     for (auto [N, K] : sweep_shapes) {
       const int R = rotating_copies(double(N) * K * 2);

@@ -15,7 +15,7 @@
 // "floor us" is the weight's bytes (codes and scales) at the measured device copy bandwidth (bytes
 // read + written per second, as cuda_gemm_bench reports it): about what a pure stream of the
 // weight would take.
-// usage: cuda_stream_timeline_bench [--m M1,M2,..] [--shape NxK] [--tuning U,W[,S[,P[,F]]]]
+// usage: cuda_stream_timeline_bench [--m M1,M2,..] [--shape NxK] [--tuning U,W[,S[,P[,F[,T]]]]]
 #include <cuda_runtime_api.h>
 
 #include <cstdio>

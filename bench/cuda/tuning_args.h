@@ -2,9 +2,10 @@
 //   --bmm-tuning S[,R[,P[,L[,C[,E]]]]]  the TMA BMM (BmmTmaTuning): units per head, ring slots,
 //                                      dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per SM
 //                                      unpartitioned, slots copied early;
-//   --tuning U,W[,S[,P[,F]]]           the streaming GEMM (StreamGemmTuning): units per CTA, warps
+//   --tuning U,W[,S[,P[,F[,T]]]]       the streaming GEMM (StreamGemmTuning): units per CTA, warps
 //                                      per CTA, ring depth, dependent launch 1/0, KB asked of L2
-//                                      before the previous kernel ends.
+//                                      before the previous kernel ends, feed (0 cp.async rings,
+//                                      1 TMA producer).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -27,12 +28,14 @@ inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning*
   return false;
 }
 
-constexpr const char* kStreamTuningHelp = "U,W[,S[,P[,F]]] (units per CTA, warps per CTA, ring depth, dependent launch, KB prefetched early)";
+constexpr const char* kStreamTuningHelp =
+    "U,W[,S[,P[,F[,T]]]] (units per CTA, warps per CTA, ring depth, dependent launch, KB prefetched early, feed 0 "
+    "cp.async / 1 TMA)";
 
 // False (after saying why on stderr) when `arg` is not of that form.
 inline bool parse_stream_tuning(const std::string& arg, cuda::detail::StreamGemmTuning* t) {
-  if (std::sscanf(arg.c_str(), "%d,%d,%d,%d,%d", &t->units_per_cta, &t->warps, &t->stages, &t->dependent_launch,
-                  &t->prefetch_kb) >= 2)
+  if (std::sscanf(arg.c_str(), "%d,%d,%d,%d,%d,%d", &t->units_per_cta, &t->warps, &t->stages, &t->dependent_launch,
+                  &t->prefetch_kb, &t->feed) >= 2)
     return true;
   std::fprintf(stderr, "--tuning must be %s, got '%s'\n", kStreamTuningHelp, arg.c_str());
   return false;

@@ -88,6 +88,29 @@ TEST(StreamGemmRules, StreamKCutsOneUnitPerCtaWithinTheRowBound) {
   }
 }
 
+// The TMA feed runs one CTA per SM: its units may touch enough rows that stream-K cuts exactly one
+// unit per SM at every DeepSeek-V3 shape (with unit_rows alone, 18432 x 7168 would need 144
+// units for 132 CTAs: a second round for 12 of them).
+TEST(StreamGemmRules, OneUnitPerSmWhereUnitsMayTouchTheirRows) {
+  EXPECT_EQ(unit_rows_one_per_cta(nvfp4_work(18432, 7168), kSms, kWideWarps), 4);  // 244 chunks of 112-chunk rows
+  EXPECT_EQ(unit_rows_one_per_cta(nvfp4_work(7168, 7168), kSms, kWideWarps), kMinUnitRows);
+  EXPECT_EQ(unit_rows_one_per_cta(nvfp4_work(32768, 512), kSms, kWideWarps), 5);  // 32 chunks of 8-chunk rows
+  EXPECT_EQ(unit_rows_one_per_cta(nvfp4_work(512, 64), kSms, kWideWarps), kMaxUnitRows);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
+                      {24576, 1536}, {32768, 512}, {7168, 2048}}) {
+    for (int h : {1, 2}) {
+      StreamRows w = nvfp4_work(n, k);
+      w.rows[0] *= h;  // SwiGLU: gate and up rows
+      const int rows = unit_rows_one_per_cta(w, kSms, kWideWarps);
+      const int64_t units = stream_k_units(w, 0, kSms, kWideWarps, 1, rows);
+      EXPECT_LE(units, kSms) << n << " x " << k << " h " << h;
+      // Every unit within the row bound the slots were sized for.
+      const int64_t longest = (w.chunks_total() + units - 1) / units;
+      EXPECT_LE((longest - 1 + w.chunks - 1) / w.chunks + 1, rows) << n << " x " << k << " h " << h;
+    }
+  }
+}
+
 TEST(StreamGemmRules, RingDepthKeepsTwoCtasPerSmWhereItCan) {
   const int nvfp4_chunk = 4 * (512 + 64);
   // M = 1: a stage is the chunk plus one 128-byte activation row; 10 row slots of 4 tiles.

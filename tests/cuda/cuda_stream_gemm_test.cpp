@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/stream_gemm.h"
@@ -102,53 +103,60 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
 // The traced kernel form (StreamGemmTuning::trace, for timelines: the stamps are compiled out of
 // the form that normally runs) writes the same outputs, bitwise, and one record per CTA whose
 // stamps are in order: start <= waited <= first chunk (when warp 0 had one) <= streamed <= end.
+// Both feeds (cp.async rings, TMA producer).
 TEST(CudaStreamGemm, TracedFormMatchesAndStampsInOrder) {
   LOCUS_REQUIRE_GPU();
   RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   namespace cd = cuda::detail;
   const int64_t M = 3, N = 2048, K = 3072;
   Tensor x = randn({M, K}, DType::kBF16, seed);
   const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + 1);
   const ops::Nvfp4Weight fp4 = cuda::nvfp4_prepare(host, 0, -1);
   const Tensor xg = to_gpu(x);
-  Tensor plain = poisoned_gpu({M, N}, DType::kFP32), traced = poisoned_gpu({M, N}, DType::kFP32);
-  cuda::nvfp4_gemm(xg, fp4, {}, plain, nullptr);
-  TraceRecords records(4096, cd::kStreamTraceWords);
-  cd::StreamGemmTuning t;
-  t.trace = records.trace();
-  cd::set_stream_gemm_tuning(t);
-  cuda::nvfp4_gemm(xg, fp4, {}, traced, nullptr);
-  const auto recs = records.read();
-  cd::set_stream_gemm_tuning({});
-  const Tensor out = fetch(traced);
-  EXPECT_LT(rel_error(out, ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
-  EXPECT_TRUE(bitwise_equal(out, fetch(plain)));
-  ASSERT_FALSE(recs.empty()) << "no CTA was traced";
-  for (size_t i = 0; i < recs.size(); ++i) {
-    const auto& r = recs[i];
-    SCOPED_TRACE(::testing::Message() << "record " << i);
-    EXPECT_GT(r[cd::kStreamTraceStart], 0u);
-    EXPECT_LE(r[cd::kStreamTraceStart], r[cd::kStreamTraceWaited]);
-    EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceStreamed]);
-    EXPECT_LE(r[cd::kStreamTraceStreamed], r[cd::kStreamTraceEnd]);
-    if (r[cd::kStreamTraceFirst] != 0) {
-      EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceFirst]);
-      EXPECT_LE(r[cd::kStreamTraceFirst], r[cd::kStreamTraceStreamed]);
+  for (const int feed : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " feed " << feed);
+    cd::StreamGemmTuning t;
+    t.feed = feed;
+    cd::set_stream_gemm_tuning(t);
+    Tensor plain = poisoned_gpu({M, N}, DType::kFP32), traced = poisoned_gpu({M, N}, DType::kFP32);
+    cuda::nvfp4_gemm(xg, fp4, {}, plain, nullptr);
+    TraceRecords records(4096, cd::kStreamTraceWords);
+    t.trace = records.trace();
+    cd::set_stream_gemm_tuning(t);
+    const uint64_t launches = cd::stream_gemm_feed_launches(feed);
+    cuda::nvfp4_gemm(xg, fp4, {}, traced, nullptr);
+    EXPECT_EQ(cd::stream_gemm_feed_launches(feed), launches + 1) << "the feed did not run";
+    const auto recs = records.read();
+    cd::set_stream_gemm_tuning({});
+    const Tensor out = fetch(traced);
+    EXPECT_LT(rel_error(out, ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
+    EXPECT_TRUE(bitwise_equal(out, fetch(plain)));
+    ASSERT_FALSE(recs.empty()) << "no CTA was traced";
+    for (size_t i = 0; i < recs.size(); ++i) {
+      const auto& r = recs[i];
+      SCOPED_TRACE(::testing::Message() << "record " << i);
+      EXPECT_GT(r[cd::kStreamTraceStart], 0u);
+      EXPECT_LE(r[cd::kStreamTraceStart], r[cd::kStreamTraceWaited]);
+      EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceStreamed]);
+      EXPECT_LE(r[cd::kStreamTraceStreamed], r[cd::kStreamTraceEnd]);
+      if (r[cd::kStreamTraceFirst] != 0) {
+        EXPECT_LE(r[cd::kStreamTraceWaited], r[cd::kStreamTraceFirst]);
+        EXPECT_LE(r[cd::kStreamTraceFirst], r[cd::kStreamTraceStreamed]);
+      }
     }
   }
 }
 
 // Back-to-back launches in one stream, each reading the previous one's output: a programmatic
-// dependent launch starts (and prefetches weights) while the previous GEMM drains, so it must
-// still wait for that GEMM's output. Eager and captured, against fp64 per layer and bitwise
-// against plain stream order. NVFP4 and BF16 layers alternate.
+// dependent launch starts (and copies or prefetches weights) while the previous GEMM drains, so
+// it must still wait for that GEMM's output. Eager and captured, against fp64 per layer and
+// bitwise against plain stream order. NVFP4 and BF16 layers alternate, on either NVFP4 feed; and
+// NVFP4 layers only on the TMA feed (its launches beside each other).
 TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
   LOCUS_REQUIRE_GPU();
   RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t M = 4, D = 3072;
   const int layers = 6;
   std::vector<ops::Nvfp4Weight> fp4_host(layers), fp4(layers);
@@ -168,48 +176,57 @@ TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
     cudaStream_t s;
     ~StreamGuard() { cudaStreamDestroy(s); }
   } guard{stream};
-  auto chain = [&] {
-    for (int i = 0; i < layers; ++i) {
-      if (i % 2 == 0) cuda::nvfp4_gemm(y[i], fp4[i], {}, y[i + 1], stream);
-      else ASSERT_TRUE(cuda::stream_gemm(y[i], bf16[i], {}, y[i + 1], false, stream));
-    }
-  };
-  auto outputs = [&] {
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    std::vector<Tensor> out;
-    for (int i = 1; i <= layers; ++i) out.push_back(fetch(y[i]));
-    return out;
-  };
-  auto poison = [&] {
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    for (int i = 1; i <= layers; ++i) y[i].fill_nan_();
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  };
-  chain();
-  const std::vector<Tensor> eager = outputs();
-  Tensor in = fetch(y[0]);
-  for (int i = 0; i < layers; ++i) {
-    const std::vector<double> ref = i % 2 == 0 ? ref_gemm_dense(in, dequant_ref(fp4_host[i]), D) : ref_gemm(in, bf16_host[i]);
-    EXPECT_LT(rel_error(eager[i], ref), bf16_gemm_tolerance(D)) << "layer " << i;
-    in = eager[i];
-  }
-  cuda::Graph graph;
-  graph.begin_capture(stream);
-  chain();
-  graph.end_capture();
-  for (int rep = 0; rep < 2; ++rep) {
+  for (auto [feed, all_nvfp4] : {std::pair{0, false}, {1, false}, {1, true}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " feed " << feed << (all_nvfp4 ? ", NVFP4 only" : ""));
+    cuda::detail::StreamGemmTuning tuning;
+    tuning.feed = feed;
+    cuda::detail::set_stream_gemm_tuning(tuning);
+    auto nvfp4_layer = [&](int i) { return all_nvfp4 || i % 2 == 0; };
+    auto chain = [&] {
+      for (int i = 0; i < layers; ++i) {
+        if (nvfp4_layer(i)) cuda::nvfp4_gemm(y[i], fp4[i], {}, y[i + 1], stream);
+        else ASSERT_TRUE(cuda::stream_gemm(y[i], bf16[i], {}, y[i + 1], false, stream));
+      }
+    };
+    auto outputs = [&] {
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      std::vector<Tensor> out;
+      for (int i = 1; i <= layers; ++i) out.push_back(fetch(y[i]));
+      return out;
+    };
+    auto poison = [&] {
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      for (int i = 1; i <= layers; ++i) y[i].fill_nan_();
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
     poison();
-    graph.replay(stream);
-    const std::vector<Tensor> replayed = outputs();
-    for (int i = 0; i < layers; ++i) EXPECT_TRUE(bitwise_equal(replayed[i], eager[i])) << "replay " << rep << " layer " << i;
+    chain();
+    const std::vector<Tensor> eager = outputs();
+    Tensor in = fetch(y[0]);
+    for (int i = 0; i < layers; ++i) {
+      const std::vector<double> ref =
+          nvfp4_layer(i) ? ref_gemm_dense(in, dequant_ref(fp4_host[i]), D) : ref_gemm(in, bf16_host[i]);
+      EXPECT_LT(rel_error(eager[i], ref), bf16_gemm_tolerance(D)) << "layer " << i;
+      in = eager[i];
+    }
+    cuda::Graph graph;
+    graph.begin_capture(stream);
+    chain();
+    graph.end_capture();
+    for (int rep = 0; rep < 2; ++rep) {
+      poison();
+      graph.replay(stream);
+      const std::vector<Tensor> replayed = outputs();
+      for (int i = 0; i < layers; ++i)
+        EXPECT_TRUE(bitwise_equal(replayed[i], eager[i])) << "replay " << rep << " layer " << i;
+    }
+    tuning.dependent_launch = 0;
+    cuda::detail::set_stream_gemm_tuning(tuning);
+    poison();
+    chain();
+    const std::vector<Tensor> ordered = outputs();
+    for (int i = 0; i < layers; ++i) EXPECT_TRUE(bitwise_equal(ordered[i], eager[i])) << "layer " << i;
   }
-  cuda::detail::StreamGemmTuning plain;
-  plain.dependent_launch = 0;
-  cuda::detail::set_stream_gemm_tuning(plain);
-  poison();
-  chain();
-  const std::vector<Tensor> ordered = outputs();
-  for (int i = 0; i < layers; ++i) EXPECT_TRUE(bitwise_equal(ordered[i], eager[i])) << "layer " << i;
 }
 
 // Every work decomposition (whole rows; the stream-K cut at 1, 2 and 5 units per resident CTA,

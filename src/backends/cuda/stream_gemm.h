@@ -109,6 +109,11 @@ struct StreamGemmTuning {
                              // kernel's tail, prefetching weights); 0: plain stream order
   int prefetch_kb = 0;  // before the previous kernel ends, ask L2 for this many KB of the CTA's
                         // first unit (0: the built-in amount)
+  // How chunks reach shared memory: 0 per-warp cp.async rings; 1 (NVFP4, one domain, M <= 16;
+  // else 0) a TMA producer warp, one CTA per SM in at most half of its memory, so that the next
+  // launch's CTAs sit beside the running ones and fill their rings before it ends
+  // (stream_gemm_tma_kernel.cu). `stages` is then each consumer warp's ring depth, 2..6.
+  int feed = 0;
   CtaTrace trace;  // a timeline of the launches (bench/cuda/stream_timeline_bench.cpp), or off
 };
 // The words of a CTA's timeline record (times of its last unit where it takes several).
@@ -121,5 +126,8 @@ enum StreamTraceWord {
   kStreamTraceWords
 };
 void set_stream_gemm_tuning(const StreamGemmTuning& t);
+// Launches so far of each feed (StreamGemmTuning::feed: 0 or 1), so that tests can tell which
+// kernel ran.
+uint64_t stream_gemm_feed_launches(int feed);
 
 }  // namespace locus::cuda::detail

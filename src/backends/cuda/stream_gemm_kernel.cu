@@ -1,345 +1,28 @@
-// The weight-streaming skinny GEMM and its locality-domain form (stream_gemm.h).
-#include <cuda_bf16.h>
-
+// The weight-streaming skinny GEMM and its locality-domain form (stream_gemm.h), fed by per-warp
+// cp.async rings.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
 
-#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
-#include "backends/cuda/mma_fragments.cuh"
-#include "backends/cuda/nvfp4_layout.h"
-#include "backends/cuda/stream_epilogue.cuh"
-#include "backends/cuda/stream_gemm.h"
-#include "backends/cuda/stream_gemm_rules.h"
+#include "backends/cuda/stream_gemm_device.cuh"
+#include "backends/cuda/stream_gemm_launch.h"
 #include "backends/cuda/stream_scratch.h"
-#include "backends/cuda/unit_queue.cuh"
 
 namespace locus::cuda::detail {
 namespace {
 
-static_assert(kStreamRulesMaxDomains == kStreamGemmMaxDomains, "the rules see every domain");
-
-// Per-launch constants computed on the host.
-struct Plan {
-  int32_t chunks;  // C: K chunks per row (one group-half of one batch entry of a part)
-  int32_t rows[kStreamGemmMaxDomains];   // rows per domain (its parts' rows end to end)
-  int32_t units[kStreamGemmMaxDomains];  // units per domain: equal cuts of its rows * C chunks
-  int32_t max_segments;                  // partial slots per row (units that can touch one row)
-  unsigned* counters;  // [kStreamGemmMaxDomains unit counters][row-group counters...], all 0 between launches
-  float4* partials;    // [row slot][segment][tile of the group][MB][32 lanes]
-  int32_t total_ctas;
-  int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
-  int32_t ring_bytes;  // one warp's stages
-  int32_t stages;      // its ring depth, 2..4
-  int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
-  int32_t prefetch_bytes;  // then: how much of its first unit a CTA asks L2 for
-  int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
-  int32_t counted;       // 1: CTAs take units from the counters
-  CtaTrace trace;        // StreamGemmTuning::trace
-};
-
-constexpr int kTileCounters = kStreamGemmMaxDomains;
-
-// One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
-// (gate or up) of one batch entry of one part; segment s of the row's `segments`.
-struct Segment {
-  int32_t part, batch, group, half, s, segments, c0, n;
-};
-
-// A stage holds one chunk of a row group: its weights (kWeightBytes), then the activation rows
-// that exist (m < M), kXRowBytes each, lane t's K quarter of row m at (m * 4 + t) * kXRowBytes / 4.
-// Each lane reads back only what it copied itself, except the NVFP4 scale codes (a __syncwarp
-// orders those). A chunk covers several tiles so that each activation load serves them all and
-// the per-chunk bookkeeping is spread over more bytes.
-template <StreamWeight F>
-struct Format;
-
-// NVFP4: 4 tiles x 64 K: per tile 512 bytes (16 per lane) and 64 bytes of scale codes (2 per
-// lane); each lane's activations are its token's 16 K values of the chunk (one scale block). In
-// the group-major layout a group's chunk is 2 KB of codes and 256 bytes of scales, each
-// contiguous, and the next chunk follows them.
-template <>
-struct Format<StreamWeight::kNVFP4> {
-  static constexpr int kGroupTiles = kNvfp4GroupTiles;
-  static constexpr int kChunkK = 64;
-  static constexpr int kWeightBytes = kGroupTiles * (512 + 64);
-  static constexpr int kXRowBytes = 128;
-  struct Source {
-    const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk u.c0 of the row
-    const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-u.c0 scale codes
-  };
-  __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Segment& u, int lane) {
-    Source src;
-#pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r) {
-      // Tiles past the part's end read its last tile (valid memory); their outputs are dropped.
-      const int tile = min(u.group * kGroupTiles + r, p.tiles - 1);
-      const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
-      src.w[r] = static_cast<const uint8_t*>(p.w) + (at * 32 + lane) * 16;
-    }
-    const int tile = min(u.group * kGroupTiles + (lane >> 2), p.tiles - 1);
-    const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
-    src.s = reinterpret_cast<const uint8_t*>(p.scales) + at * 64 + (lane & 3) * 16;
-    return src;
-  }
-  // Chunk j of a tile is j * 4 tiles after chunk 0 (group-major).
-  __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t, int lane) {
-#pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r)
-      cp_async16(slot + r * 512 + lane * 16, src.w[r] + static_cast<int64_t>(j) * (kGroupTiles * 512), true);
-    if (lane < 4 * kGroupTiles)
-      cp_async16(slot + kGroupTiles * 512 + lane * 16, src.s + static_cast<int64_t>(j) * (kGroupTiles * 64), true);
-  }
-  // The landed chunk in `slot` times the activation rows m < m_count, into acc.
-  template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
-    const int g = lane >> 2, t = lane & 3;
-    uint4 xv[MB][2];  // the lane's token's 16 K values of the chunk, read once for all tiles
-#pragma unroll
-    for (int b = 0; b < MB; ++b) {
-      const int m = 8 * b + g;
-      if (m < m_count) {
-        const uint32_t at = slot + kWeightBytes + (m * 4 + t) * 32;
-        xv[b][0] = lds128(at);
-        xv[b][1] = lds128(at + 16);
-      } else {
-        xv[b][0] = xv[b][1] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kGroupTiles; ++r)
-      nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
-                          acc[r]);
-  }
-  // Lane t of token m = 8b + lane / 4 copies K [k0 + 16t, +16) of it: two 16-byte pieces.
-  template <int MB>
-  __device__ static void issue_x(uint32_t xslot, const uint16_t* x, int64_t x_ld, int64_t k0, int64_t k, int m_count,
-                                 int lane) {
-    const int t = lane & 3;
-    const int64_t kb = k0 + 16 * t;
-    const bool valid = kb < k;
-#pragma unroll
-    for (int b = 0; b < MB; ++b) {
-      const int m = 8 * b + (lane >> 2);
-      if (m >= m_count) continue;
-      const uint16_t* src = valid ? x + m * x_ld + kb : x;
-      cp_async16(xslot + (m * 4 + t) * 32, src, valid);
-      cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
-    }
-  }
-  __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
-  // Asks L2 for the segment's codes and scales: lane r < kGroupTiles takes the storage group of
-  // tile r, unless tile r - 1 shares it (a group's chunks are one stretch; up rows may start
-  // mid-group). Returns the bytes asked for.
-  __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t chunks, int64_t, const Segment& u, int lane) {
-    auto storage_group = [&](int r) {
-      return (min(u.group * kGroupTiles + r, p.tiles - 1) + u.half * p.up_offset) / kGroupTiles;
-    };
-    if (lane < kGroupTiles && (lane == 0 || storage_group(lane) != storage_group(lane - 1))) {
-      const int64_t first = static_cast<int64_t>(storage_group(lane)) * chunks + u.c0;  // in group chunks
-      prefetch_l2_bulk(static_cast<const uint8_t*>(p.w) + first * (kGroupTiles * 512), u.n * (kGroupTiles * 512));
-      prefetch_l2_bulk(reinterpret_cast<const uint8_t*>(p.scales) + first * (kGroupTiles * 64), u.n * (kGroupTiles * 64));
-    }
-    return static_cast<int64_t>(u.n) * kWeightBytes;
-  }
-};
-
-// BF16: 4 tiles (64 rows) x 64 K of the row-major weight per chunk, i.e. 128 contiguous bytes of
-// each row. In a stage, row r's 16-byte piece p sits at r * 128 + (p ^ (r & 7)) * 16 (an XOR
-// swizzle, so that the 8 row addresses of an ldmatrix fall into distinct bank groups), and the
-// tokens' activations follow, one 128-byte row per token, swizzled the same way. A warp copy
-// instruction reads 4 whole rows of the chunk (128-byte lines). The mma operands come from
-// ldmatrix in the standard fragment order, so a chunk costs 16 copies, 16 + 2 MB ldmatrix and
-// 16 MB mma per warp.
-template <>
-struct Format<StreamWeight::kBF16> {
-  static constexpr int kGroupTiles = 4;
-  static constexpr int kChunkK = 64;
-  static constexpr int kRowBytes = 2 * kChunkK;
-  static constexpr int kWeightBytes = kGroupTiles * 16 * kRowBytes;
-  static constexpr int kXRowBytes = kRowBytes;
-  // Where piece `piece` of row (or token) `row` of a stage lies.
-  __device__ static uint32_t swizzled(int row, int piece) { return row * kRowBytes + ((piece ^ (row & 7)) << 4); }
-  // Copy instruction i writes rows 4i..4i+3, lane l piece l & 7 of row 4i + (l >> 3): at
-  // i * 512 + base(i & 1) (row & 7 is (l >> 3) + 4 (i & 1)).
-  __device__ static uint32_t copy_base(int lane, int odd) { return swizzled((lane >> 3) + 4 * odd, lane & 7) - odd * 4 * kRowBytes; }
-  struct Source {
-    const uint8_t* w;    // the batch entry's weight
-    const uint8_t* at;   // row (lane >> 3) of the group at K 0, plus the lane's piece (lane & 7)
-    int64_t row_bytes;   // the weight's row stride in bytes
-    int64_t up;          // the half's first row (SwiGLU up rows)
-    int32_t row0, rows;  // the group's first row, the part's rows
-  };
-  __device__ static Source source(const StreamGemmPart& p, int32_t, const Segment& u, int lane) {
-    Source src;
-    src.w = static_cast<const uint8_t*>(p.w) + u.batch * p.w_batch_stride * 2;
-    src.row_bytes = p.ldw * 2;
-    src.up = u.half * p.up_offset;
-    src.row0 = u.group * 64;
-    src.rows = p.rows;
-    src.at = src.w + (min(src.row0 + (lane >> 3), p.rows - 1) + src.up) * src.row_bytes + (lane & 7) * 16;
-    return src;
-  }
-  // Instruction i copies rows 4i..4i+3 of the group: lane l the piece l & 7 of row 4i + (l >> 3),
-  // so that each instruction reads 4 whole 128-byte lines.
-  __device__ static void issue_weights(uint32_t slot, const Source& src, int j, int64_t k, int lane) {
-    const uint32_t dst[2] = {slot + copy_base(lane, 0), slot + copy_base(lane, 1)};
-    const int64_t kb = static_cast<int64_t>(j) * kChunkK;
-    if (kb + kChunkK <= k && src.row0 + 64 <= src.rows) {  // warp-uniform: no K tail, no missing rows
-      const uint8_t* from = src.at + kb * 2;
-      const int64_t step = 4 * src.row_bytes;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) cp_async16(dst[i & 1] + i * 4 * kRowBytes, from + i * step, true);
-    } else {  // rows past the part's end read its last row; pieces past K are zero-filled
-      const bool valid = kb + (lane & 7) * 8 < k;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int64_t row = min(src.row0 + (lane >> 3) + 4 * i, src.rows - 1) + src.up;
-        const uint8_t* from = src.w + row * src.row_bytes + (lane & 7) * 16;
-        cp_async16(dst[i & 1] + i * 4 * kRowBytes, valid ? from + kb * 2 : from, valid);
-      }
-    }
-  }
-  // The landed chunk in `slot` times the activation rows m < m_count, into acc. Token rows past
-  // m_count read row m_count - 1 (their columns are dropped).
-  template <int MB>
-  __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
-    // A of k16 step q of tile r: matrices (rows 0-7, piece 2q), (rows 8-15, 2q), (0-7, 2q+1), (8-15, 2q+1).
-    uint32_t a_at[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) a_at[q] = slot + swizzled((lane & 7) + ((lane >> 3) & 1) * 8, 2 * q + (lane >> 4));
-    // B of steps 2i, 2i+1: matrices (tokens 8b..8b+7, piece 4i + n), n < 4.
-    uint32_t x_at[MB][2];
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        x_at[b][i] = slot + kWeightBytes + swizzled(min(8 * b + (lane & 7), m_count - 1), 4 * i + (lane >> 3));
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      uint32_t xb[MB][4];
-#pragma unroll
-      for (int b = 0; b < MB; ++b) ldmatrix_x4(x_at[b][i], xb[b]);
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int r = 0; r < kGroupTiles; ++r) {
-          uint32_t w4[4];
-          ldmatrix_x4(a_at[2 * i + n] + r * 16 * kRowBytes, w4);
-#pragma unroll
-          for (int b = 0; b < MB; ++b)
-            mma_bf16_16816(acc[r][b], w4[0], w4[1], w4[2], w4[3], xb[b][2 * n], xb[b][2 * n + 1]);
-        }
-    }
-  }
-  // Lane l copies piece l & 7 (16 bytes) of the chunk's K for the tokens (l >> 3) + 4i.
-  template <int MB>
-  __device__ static void issue_x(uint32_t xslot, const uint16_t* x, int64_t x_ld, int64_t k0, int64_t k, int m_count,
-                                 int lane) {
-    const int piece = lane & 7;
-    const int64_t kb = k0 + piece * 8;
-    const bool valid = kb < k;
-    const uint32_t dst[2] = {xslot + copy_base(lane, 0), xslot + copy_base(lane, 1)};
-#pragma unroll
-    for (int i = 0; i < 2 * MB; ++i) {
-      if (4 * i >= m_count) break;  // warp-uniform
-      const int m = (lane >> 3) + 4 * i;
-      if (m < m_count) cp_async16(dst[i & 1] + i * 4 * kRowBytes, valid ? x + m * x_ld + kb : x, valid);
-    }
-  }
-  __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
-  // Asks L2 for the segment's weights: lane l for rows l and l + 32 of the group (K range clipped to K).
-  __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t, int64_t k, const Segment& u, int lane) {
-    const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK, k1 = min(k, k0 + static_cast<int64_t>(u.n) * kChunkK);
-    if (k1 <= k0) return 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = min(u.group * 64 + lane + 32 * h, p.rows - 1) + u.half * p.up_offset;
-      const auto* w = static_cast<const uint16_t*>(p.w) + u.batch * p.w_batch_stride + row * p.ldw + k0;
-      prefetch_l2_bulk(w, static_cast<uint32_t>((k1 - k0) * 2));
-    }
-    return (k1 - k0) * 2 * 64;
-  }
-};
-
-// Most pipeline stages per warp; launch_shape takes fewer where that keeps two CTAs per SM
-// (bench/cuda/stream_probe.cu on the H200: with 16 warps per SM a deeper ring gains nothing).
-constexpr int kMaxPipelineStages = 4;
-
-// Writes the outputs of one finished tile: v[h] holds the tile's (gate, up) sums in C-fragment order.
-template <StreamWeight F, int MB, int H>
-__device__ __forceinline__ void store_tile(const StreamGemmArgs& a, const StreamGemmPart& p, int batch, int tile,
-                                           int lane, const float (&v)[H][MB][4]) {
-  store_fragments<MB, H>(a, p, batch, tile, lane, Format<F>::out_scale(p), v);
-}
-
-// The unit of `domain` that holds chunk x of the domain's rows laid end to end: the largest i with
-// start(i) = T * i / U <= x (T = rows * C chunks, U units, U <= T so that no unit is empty).
-__device__ __forceinline__ int64_t unit_of(const Plan& pl, int domain, int64_t x) {
-  return stream_k_unit_of(static_cast<int64_t>(pl.rows[domain]) * pl.chunks, pl.units[domain], x);
-}
-// How many units cut row r of `domain`, and the first of them.
-__device__ __forceinline__ int row_segments(const Plan& pl, int domain, int64_t r, int64_t* first) {
-  const int64_t c = pl.chunks;
-  *first = unit_of(pl, domain, r * c);
-  return static_cast<int>(unit_of(pl, domain, r * c + c - 1) - *first + 1);
-}
-
-// Unit `unit` of `domain`: chunks [*begin, *end) of the domain's rows laid end to end.
-__device__ __forceinline__ void unit_range(const Plan& pl, int domain, int64_t unit, int64_t* begin, int64_t* end) {
-  stream_k_range(static_cast<int64_t>(pl.rows[domain]) * pl.chunks, pl.units[domain], unit, begin, end);
-}
-// The chunks [*c0, *c1) of row r that the range [begin, end) covers.
-__device__ __forceinline__ void row_chunks(int64_t c, int64_t r, int64_t begin, int64_t end, int* c0, int* c1) {
-  *c0 = static_cast<int>(max(begin, r * c) - r * c);
-  *c1 = static_cast<int>(min(end, r * c + c) - r * c);
-}
-
-// The part, batch entry, row group and half of row r of `domain` (the rest of the Segment zero).
-template <int H>
-__device__ __forceinline__ Segment decode_row(const StreamGemmArgs& a, int domain, int64_t r) {
-  Segment u{};
-  for (int q = 0; q < a.num_parts; ++q) {
-    const StreamGemmPart& cand = a.parts[q];
-    if (cand.domain == domain && r >= cand.row_begin && r < cand.row_begin + cand.batch * cand.groups * H) {
-      u.part = q;
-      break;
-    }
-  }
-  const StreamGemmPart& p = a.parts[u.part];
-  // Rows are (batch entry, group, half)-major in that order: a group's gate and up rows are
-  // neighbours, so one unit often covers both.
-  const int local = static_cast<int>(r - p.row_begin);
-  u.half = local % H;
-  const int batch_group = local / H;
-  u.batch = batch_group / p.groups;
-  u.group = batch_group % p.groups;
-  return u;
-}
-
-// Row r of `domain` with chunks [c0, c1) of it as segment (unit - first unit of the row).
-template <int H>
-__device__ __forceinline__ Segment decode_segment(const StreamGemmArgs& a, const Plan& pl, int domain, int64_t r,
-                                                  int unit, int c0, int c1) {
-  Segment u = decode_row<H>(a, domain, r);
-  int64_t first = 0;
-  u.segments = row_segments(pl, domain, r, &first);
-  u.s = static_cast<int>(unit - first);
-  u.c0 = c0;
-  u.n = c1 - c0;
-  return u;
-}
-
-// The shared-memory slot where warp w leaves its sums for row r of the unit whose first row is
-// r_first: slot w + (r - r_first) (injective, since a warp's rows start where the previous warp's
-// end), R tiles x MB x 32 lanes of float4.
-__device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, int w, int64_t r, int64_t r_first) {
-  return reinterpret_cast<float4*>(slots) + (w + static_cast<int>(r - r_first)) * slot_floats4;
-}
+// Most pipeline stages per warp: kStreamRingMaxStages (stream_gemm_launch.h); launch_shape takes
+// fewer where that keeps two CTAs per SM (bench/cuda/stream_probe.cu on the H200: with 16 warps
+// per SM a deeper ring gains nothing).
+constexpr int kMaxPipelineStages = kStreamRingMaxStages;
+static_assert(Format<StreamWeight::kNVFP4>::kGroupTiles == kStreamGroupTiles &&
+                  Format<StreamWeight::kBF16>::kGroupTiles == kStreamGroupTiles &&
+                  Format<StreamWeight::kNVFP4>::kChunkK == kStreamChunkK && Format<StreamWeight::kBF16>::kChunkK == kStreamChunkK,
+              "plan_stream_rows counts rows of these");
 
 // Streams chunks [wb, we) of `domain`'s rows laid end to end (C chunks per row) through this
 // warp's cp.async ring (pl.stages - 1 chunks ahead, across row boundaries, so the pipeline never
@@ -430,113 +113,6 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   leave(row);
 }
 
-__device__ __forceinline__ void add4(float (&v)[4], const float4& q) {
-  v[0] += q.x;
-  v[1] += q.y;
-  v[2] += q.z;
-  v[3] += q.w;
-}
-
-// The end of a unit, after its warps have streamed: for each of its row segments (at most
-// unit_rows) and each tile of the row group, a warp adds the sums of the warps that touched
-// the row, in warp order, and writes the outputs directly when the segment is the whole row (no
-// SwiGLU), else stores a partial; then one arrival per row group counts the partials, and the
-// group's last segment adds them in segment order (deterministic either way). The rows proceed
-// side by side, so the unit pays the partials' memory round trips (fence, count, read) once.
-// Ends with a barrier.
-template <StreamWeight F, int MB, int H, int W>
-__device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit,
-                                            int64_t begin, int64_t end, uint8_t* slots, int warp, int lane,
-                                            unsigned* s_last) {
-  using Fmt = Format<F>;
-  constexpr int R = Fmt::kGroupTiles;
-  const int64_t c = pl.chunks, r_first = begin / c;
-  const int rows = static_cast<int>((end - 1) / c - r_first + 1);
-  auto segment = [&](int i) {
-    const int64_t r = r_first + i;
-    int c0, c1;
-    row_chunks(c, r, begin, end, &c0, &c1);
-    return decode_segment<H>(a, pl, domain, r, unit, c0, c1);
-  };
-  auto direct = [](const Segment& u) { return H == 1 && u.segments == 1; };
-  // Partial slots: (the part's first slot row + the row) * max_segments + segment, then the tile.
-  auto partial = [&](const StreamGemmPart& p, int batch_group, int half, int seg, int tile) {
-    const int64_t row = static_cast<int64_t>(p.slot_row_base) + batch_group * H + half;
-    return pl.partials + ((row * pl.max_segments + seg) * R + tile) * MB * 32;
-  };
-
-  for (int task = warp; task < rows * R; task += W) {  // (row segment, tile of the group)
-    const int i = task / R, tile = task % R;
-    const int64_t r = r_first + i;
-    const Segment u = segment(i);
-    const StreamGemmPart& p = a.parts[u.part];
-    float v[1][MB][4];
-#pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[0][b][e] = 0.f;
-    for (int w = 0; w < W; ++w) {
-      const int64_t wb = begin + (end - begin) * w / W, we = begin + (end - begin) * (w + 1) / W;
-      if (we <= wb || we <= r * c || wb >= r * c + c) continue;  // warp w did not touch row r
-      const float4* in = row_slot(slots, R * MB * 32, w, r, r_first);
-#pragma unroll
-      for (int b = 0; b < MB; ++b) add4(v[0][b], in[(tile * MB + b) * 32 + lane]);
-    }
-    if (direct(u)) {
-      store_tile<F, MB, 1>(a, p, u.batch, u.group * R + tile, lane, v);
-    } else {
-      float4* mine = partial(p, u.batch * p.groups + u.group, u.half, u.s, tile);
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-        __stcg(mine + b * 32 + lane, make_float4(v[0][b][0], v[0][b][1], v[0][b][2], v[0][b][3]));
-    }
-  }
-  __threadfence();  // the partials are visible before they are counted
-  __syncthreads();
-  if (threadIdx.x < rows) {  // one arrival per partial row segment
-    const Segment u = segment(threadIdx.x);
-    unsigned last = 0;
-    if (!direct(u)) {
-      const StreamGemmPart& p = a.parts[u.part];
-      const int batch_group = u.batch * p.groups + u.group;
-      int total = 0;  // the group's segments over its H rows (each row's own unit cuts)
-      for (int h = 0; h < H; ++h) {
-        int64_t first = 0;
-        total += h == u.half ? u.segments : row_segments(pl, domain, p.row_begin + batch_group * H + h, &first);
-      }
-      last = atomicAdd(pl.counters + kTileCounters + p.group_base + batch_group, 1u) == static_cast<unsigned>(total - 1);
-    }
-    s_last[threadIdx.x] = last;
-  }
-  __syncthreads();
-  for (int task = warp; task < rows * R; task += W) {  // the last segment of a group adds it up
-    const int i = task / R, tile = task % R;
-    if (!s_last[i]) continue;
-    __threadfence();
-    const Segment u = segment(i);
-    const StreamGemmPart& p = a.parts[u.part];
-    const int batch_group = u.batch * p.groups + u.group;
-    float sum[H][MB][4];
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sum[h][b][e] = 0.f;
-      int64_t first = 0;
-      const int segments = row_segments(pl, domain, p.row_begin + batch_group * H + h, &first);
-      for (int s2 = 0; s2 < segments; ++s2) {
-        const float4* src = partial(p, batch_group, h, s2, tile);
-#pragma unroll
-        for (int b = 0; b < MB; ++b) add4(sum[h][b], __ldcg(src + b * 32 + lane));
-      }
-    }
-    store_tile<F, MB, H>(a, p, u.batch, u.group * R + tile, lane, sum);
-    // Ready for the next launch (graph replays too); every reader of the counter has arrived.
-    if (tile == 0 && lane == 0) pl.counters[kTileCounters + p.group_base + batch_group] = 0;
-  }
-  __syncthreads();
-}
 
 // Before the previous kernel in the stream has finished (programmatic dependent launch), a CTA
 // asks L2 for up to pl.prefetch_bytes (kPrefetchBytes by default) of the weights of unit
@@ -547,7 +123,6 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
 // previous kernel: in a plain one it would just compete with the rings' first copies. (More is slower on the H200: 128-256 KB took 18432 x 7168 at M = 1 from 33.1 to
 // 34.1-35.5 us, as the requests compete with the previous kernel's last CTAs, on which the wait
 // depends; cuda_stream_timeline_bench --tuning 0,0,0,1,F.)
-constexpr int kPrefetchBytes = 64 << 10;
 
 template <StreamWeight F, int H>
 __device__ __forceinline__ void prefetch_first_unit(const StreamGemmArgs& a, const Plan& pl, int lane) {
@@ -634,123 +209,51 @@ __global__ void __launch_bounds__(W * 32)
 // ---------------------------------------------------------------------------------------------
 // host side
 
-std::atomic<int> g_units_per_cta{0};
-std::atomic<int> g_warps{0};
-std::atomic<int> g_stages{0};
-std::atomic<bool> g_dependent_launch{true};
-std::atomic<int> g_prefetch_bytes{kPrefetchBytes};
-CtaTrace g_trace;  // benchmarks set it between launches (set_stream_gemm_tuning), never concurrently
-
-// Resident CTAs per SM of one kernel instantiation at a dynamic shared-memory size (cached); 0
-// when one CTA does not fit.
-template <StreamWeight F, int MB, int H, int W>
-int blocks_per_sm(int smem_bytes) {
-  static std::mutex mu;
-  static std::map<int, int> cache;
-  static int max_dynamic = 0;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(smem_bytes);
-  if (it != cache.end()) return it->second;
-  auto* kernel = stream_gemm_kernel<F, MB, H, W, false>;
-  if (cache.empty()) {
-    int dev = 0, optin = 0;
-    LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-    LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};
-    LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
-    max_dynamic = optin - static_cast<int>(attr.sharedSizeBytes);
-    // The traced form (timelines) runs under the same shape; its occupancy is taken to be the same.
-    for (auto* k : {kernel, stream_gemm_kernel<F, MB, H, W, true>})
-      LOCUS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dynamic));
-  }
-  int n = 0;
-  if (smem_bytes <= max_dynamic)
-    LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, W * 32, smem_bytes));
-  cache[smem_bytes] = n;
-  return n;
-}
-
-int shared_memory_per_sm() {
-  static const int bytes = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    return n;
-  }();
-  return bytes;
-}
-
 // Shared memory and residency of one kernel instantiation at M activation rows.
 struct LaunchShape {
   int slot_bytes, stages, ring_bytes, smem_bytes, max_blocks;
   int unit_rows;  // rows one unit may touch
 };
 template <StreamWeight F, int MB, int H, int W>
-LaunchShape launch_shape(int m, int sms, int unit_rows) {
+LaunchShape launch_shape(int m, int sms, int unit_rows, int forced_stages) {
   LaunchShape ls{};
   ls.unit_rows = unit_rows;
   // A stage holds the chunk's weights and the activation rows that exist (16-byte multiples).
   ls.slot_bytes = Format<F>::kWeightBytes + m * Format<F>::kXRowBytes;
   // The W rings, then the row slots: W + unit_rows - 1 of R tiles x MB x 32 lanes x float4.
   const int slots_bytes = (W + unit_rows - 1) * Format<F>::kGroupTiles * MB * 512;
-  ls.stages = g_stages.load() > 0 ? g_stages.load()
-                                  : ring_stages(ls.slot_bytes, W, slots_bytes, kMaxPipelineStages, shared_memory_per_sm());
+  ls.stages = forced_stages > 0 ? forced_stages
+                                : ring_stages(ls.slot_bytes, W, slots_bytes, kMaxPipelineStages, shared_memory_per_sm());
   ls.ring_bytes = ls.stages * ls.slot_bytes;
   ls.smem_bytes = W * ls.ring_bytes + slots_bytes;
-  ls.max_blocks = blocks_per_sm<F, MB, H, W>(ls.smem_bytes) * sms;
+  ls.max_blocks = resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_kernel<F, MB, H, W, false>),
+                                       reinterpret_cast<const void*>(stream_gemm_kernel<F, MB, H, W, true>), W * 32,
+                                       ls.smem_bytes) *
+                  sms;
   return ls;
-}
-
-// The launch's rows of work per domain, and the parts' row, group and slot bases (independent of
-// the CTA shape).
-template <StreamWeight F, int H>
-StreamRows plan_rows(StreamGemmArgs& a, int64_t* groups_total, int64_t* rows_total) {
-  constexpr int R = Format<F>::kGroupTiles;
-  StreamRows work;
-  work.chunks = (a.k + Format<F>::kChunkK - 1) / Format<F>::kChunkK;
-  work.num_domains = a.num_domains;
-  *groups_total = *rows_total = 0;
-  for (int i = 0; i < a.num_parts; ++i) {
-    StreamGemmPart& p = a.parts[i];
-    p.tiles = (p.rows + 15) / 16;
-    p.groups = (p.tiles + R - 1) / R;
-    const int64_t rows = static_cast<int64_t>(p.batch) * p.groups * H;
-    LOCUS_CHECK(work.rows[p.domain] + rows < (1LL << 30), "streaming GEMM: too many row groups");
-    p.row_begin = work.rows[p.domain];
-    work.rows[p.domain] += static_cast<int32_t>(rows);
-    p.group_base = static_cast<int32_t>(*groups_total);
-    *groups_total += static_cast<int64_t>(p.batch) * p.groups;
-    p.slot_row_base = static_cast<int32_t>(*rows_total);
-    *rows_total += rows;
-  }
-  return work;
 }
 
 // Launches W-warp CTAs shaped `ls` over `sms` SMs.
 template <StreamWeight F, int MB, int H, int W>
-void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& ls, int sms, int64_t groups_total,
-                 int64_t rows_total, cudaStream_t stream) {
+void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& ls, const StreamGemmTuning& t, int sms,
+                 int64_t groups_total, int64_t rows_total, cudaStream_t stream) {
   constexpr int R = Format<F>::kGroupTiles;
   LOCUS_CHECK(ls.max_blocks >= 1, "streaming GEMM: ", ls.smem_bytes, " bytes of shared memory per ", W,
               "-warp CTA do not fit an SM");
   Plan pl{};
   pl.chunks = static_cast<int32_t>(work.chunks);
-  const int forced = g_units_per_cta.load();  // < 0 whole rows, > 0 stream-K with that many per CTA
+  const int forced = t.units_per_cta;  // < 0 whole rows, > 0 stream-K with that many per CTA
   const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, ls.max_blocks, W, H);
   int64_t all_units = 0;
-  pl.max_segments = 1;
   for (int d = 0; d < a.num_domains; ++d) {
     pl.rows[d] = work.rows[d];
-    const int64_t t = work.chunks_of(d);
-    if (t == 0) continue;
+    if (work.chunks_of(d) == 0) continue;
     const int64_t units =
         rows_whole ? work.rows[d] : stream_k_units(work, d, ls.max_blocks, W, std::max(forced, 1), ls.unit_rows);
     pl.units[d] = static_cast<int32_t>(units);
     all_units += units;
-    // Units are at least floor(T / U) chunks long, so a row of C chunks meets at most
-    // ceil(C / that) + 1 of them.
-    pl.max_segments = std::max<int32_t>(pl.max_segments, static_cast<int32_t>((work.chunks - 1) / (t / units) + 2));
   }
+  pl.max_segments = stream_max_segments(work, pl.units);
   const int blocks = static_cast<int>(std::min<int64_t>(ls.max_blocks, all_units));
   pl.total_ctas = blocks;
   pl.static_first = a.num_domains == 1 ? 1 : 0;
@@ -762,9 +265,9 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.slot_bytes = ls.slot_bytes;
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;
-  pl.overlapped = g_dependent_launch.load() && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
-  pl.prefetch_bytes = g_prefetch_bytes.load();
-  pl.trace = g_trace;
+  pl.overlapped = t.dependent_launch && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
+  pl.prefetch_bytes = t.prefetch_kb > 0 ? t.prefetch_kb << 10 : kPrefetchBytes;
+  pl.trace = t.trace;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(blocks);
   config.blockDim = dim3(W * 32);
@@ -780,91 +283,40 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
 }
 
 template <StreamWeight F, int MB, int H>
-void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
-  int64_t groups_total = 0, rows_total = 0;
-  const StreamRows work = plan_rows<F, H>(a, &groups_total, &rows_total);
-  const int sms = sm_count_for(stream);
-  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps));
+void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
+                  cudaStream_t stream) {
+  const StreamGemmTuning t = stream_gemm_tuning();
+  const int stages = t.feed == 0 ? t.stages : 0;  // a TMA ring depth (the feed declined the problem) is not ours
+  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps), stages);
   // 8 warps may not fit at all (BF16 at M = 17..32: the rings and row slots exceed an SM).
-  const int warps = g_warps.load() != 0 ? g_warps.load()
-                    : wide.max_blocks == 0 ? kNarrowWarps
-                                           : cta_warps(work, wide.max_blocks, sms);
+  const int warps = t.warps != 0 ? t.warps : wide.max_blocks == 0 ? kNarrowWarps : cta_warps(work, wide.max_blocks, sms);
   if (warps == kNarrowWarps) {
-    const LaunchShape narrow = launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps));
-    launch_with<F, MB, H, kNarrowWarps>(a, work, narrow, sms, groups_total, rows_total, stream);
+    const LaunchShape narrow = launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps), stages);
+    launch_with<F, MB, H, kNarrowWarps>(a, work, narrow, t, sms, groups_total, rows_total, stream);
   } else {
-    launch_with<F, MB, H, kWideWarps>(a, work, wide, sms, groups_total, rows_total, stream);
+    launch_with<F, MB, H, kWideWarps>(a, work, wide, t, sms, groups_total, rows_total, stream);
   }
 }
 
 template <StreamWeight F, int H>
-void launch_for_m(StreamGemmArgs& a, cudaStream_t stream) {
-  if (a.m <= 8) launch_typed<F, 1, H>(a, stream);
-  else if (a.m <= 16) launch_typed<F, 2, H>(a, stream);
-  else launch_typed<F, 4, H>(a, stream);
+void launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
+                  cudaStream_t stream) {
+  if (a.m <= 8) launch_typed<F, 1, H>(a, work, groups_total, rows_total, sms, stream);
+  else if (a.m <= 16) launch_typed<F, 2, H>(a, work, groups_total, rows_total, sms, stream);
+  else launch_typed<F, 4, H>(a, work, groups_total, rows_total, sms, stream);
 }
 
 }  // namespace
 
-void set_stream_gemm_tuning(const StreamGemmTuning& t) {
-  LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || t.warps == kNarrowWarps, "streaming GEMM: ", t.warps,
-              " warps per CTA (0, ", kNarrowWarps, " or ", kWideWarps, ")");
-  LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= kMaxPipelineStages), "streaming GEMM: ring depth ",
-              t.stages, " (0, or 2..", kMaxPipelineStages, "; deeper rings were slower: docs/benchmarks.md, tenth session)");
-  g_units_per_cta.store(t.units_per_cta);
-  g_warps.store(t.warps);
-  g_stages.store(t.stages);
-  g_dependent_launch.store(t.dependent_launch != 0);
-  g_prefetch_bytes.store(t.prefetch_kb > 0 ? t.prefetch_kb << 10 : kPrefetchBytes);
-  g_trace = t.trace;
-}
-
-bool stream_gemm_eligible(const StreamGemmArgs& a) {
-  if (a.m < 1 || a.m > kStreamGemmMaxM || a.k < 1) return false;
-  if (!aligned16(a.x) || a.x_ld % 8 != 0) return false;
-  if (a.y_ld < 0) return false;
-  for (int i = 0; i < a.num_parts; ++i) {
-    const StreamGemmPart& p = a.parts[i];
-    if (p.x && !aligned16(p.x)) return false;
-    if (p.x_batch_stride % 8 != 0) return false;
-  }
-  if (a.format == StreamWeight::kBF16) {
-    if (a.k % 8 != 0) return false;
-    for (int i = 0; i < a.num_parts; ++i) {
-      const StreamGemmPart& p = a.parts[i];
-      if (!aligned16(p.w) || p.ldw % 8 != 0 || p.w_batch_stride % 8 != 0) return false;
-    }
+void launch_stream_gemm_rings(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
+                              int sms, cudaStream_t stream) {
+  constexpr auto kNv = StreamWeight::kNVFP4, kBf = StreamWeight::kBF16;
+  if (a.format == kNv) {
+    a.swiglu ? launch_for_m<kNv, 2>(a, work, groups_total, rows_total, sms, stream)
+             : launch_for_m<kNv, 1>(a, work, groups_total, rows_total, sms, stream);
   } else {
-    if (a.k % 16 != 0) return false;
-  }
-  return true;
-}
-
-void check_stream_gemm_parts(const StreamGemmArgs& a, const char* kernel) {
-  LOCUS_CHECK(a.num_parts >= 1 && a.num_parts <= kStreamGemmMaxParts, kernel, ": ", a.num_parts,
-              " weight parts (1..", kStreamGemmMaxParts, ")");
-  LOCUS_CHECK(a.num_domains >= 1 && a.num_domains <= kStreamGemmMaxDomains, kernel, ": ", a.num_domains,
-              " domains (1..", kStreamGemmMaxDomains, ")");
-  for (int i = 0; i < a.num_parts; ++i) {
-    const StreamGemmPart& p = a.parts[i];
-    LOCUS_CHECK(p.w != nullptr && p.rows >= 1 && p.batch >= 1 && p.y_offset >= 0 && p.domain >= 0 &&
-                    p.domain < a.num_domains,
-                kernel, ": part ", i, " is malformed (rows ", p.rows, ", batch ", p.batch, ", domain ", p.domain,
-                ")");
-    LOCUS_CHECK(p.batch == 1 || a.format == StreamWeight::kBF16, kernel, ": batched NVFP4 parts are not supported");
-    LOCUS_CHECK(a.format == StreamWeight::kBF16 || (p.scales != nullptr && p.global_scale != nullptr),
-                kernel, ": NVFP4 part ", i, " has no scales");
-  }
-}
-
-void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
-  LOCUS_CHECK(stream_gemm_eligible(a), "streaming GEMM: ineligible problem (M = ", a.m, ", K = ", a.k,
-              "; needs 1 <= M <= ", kStreamGemmMaxM, " and 16-byte aligned rows)");
-  check_stream_gemm_parts(a, "streaming GEMM");
-  if (a.format == StreamWeight::kNVFP4) {
-    a.swiglu ? launch_for_m<StreamWeight::kNVFP4, 2>(a, stream) : launch_for_m<StreamWeight::kNVFP4, 1>(a, stream);
-  } else {
-    a.swiglu ? launch_for_m<StreamWeight::kBF16, 2>(a, stream) : launch_for_m<StreamWeight::kBF16, 1>(a, stream);
+    a.swiglu ? launch_for_m<kBf, 2>(a, work, groups_total, rows_total, sms, stream)
+             : launch_for_m<kBf, 1>(a, work, groups_total, rows_total, sms, stream);
   }
 }
 

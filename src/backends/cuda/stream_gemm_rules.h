@@ -42,6 +42,16 @@ inline int unit_rows(const StreamRows& w, int warps) {
   return static_cast<int>(std::clamp<int64_t>(rows, kMinUnitRows, kMaxUnitRows));
 }
 
+// Rows a unit may touch where each of `ctas` CTAs takes one unit (the TMA feed: one CTA per SM):
+// unit_rows, or more where units of ceil(T / ctas) chunks cross more row boundaries (a range of
+// L chunks touches at most ceil((L - 1) / C) + 1 rows), up to kMaxUnitRows.
+inline int unit_rows_one_per_cta(const StreamRows& w, int ctas, int warps) {
+  const int64_t c = std::max<int64_t>(1, w.chunks);
+  const int64_t unit = (w.chunks_total() + ctas - 1) / std::max(1, ctas);
+  const int64_t rows = std::max<int64_t>(unit_rows(w, warps), (unit - 1 + c - 1) / c + 1);
+  return static_cast<int>(std::clamp<int64_t>(rows, kMinUnitRows, kMaxUnitRows));
+}
+
 // Stream-K: a domain's T = rows * C chunks cut into units of equal length, about `per_cta` per
 // resident CTA over all domains (in proportion to their work), each at least two chunks per warp
 // where that leaves units to spare (so a warp's pipeline has something to overlap), and short

@@ -1,0 +1,368 @@
+// The NVFP4 streaming GEMM fed by a TMA producer warp (StreamGemmTuning::feed = 1; stream_gemm.h).
+//
+// Why. The cp.async kernel fills an SM with two 8-warp CTAs (their registers), so the next
+// launch's CTAs start only as these leave, and every launch pays its ring fill, its partial sums
+// and its slowest CTA with nothing overlapping them: about 11 of the 33 us of 18432 x 7168 at
+// M = 1 (the timeline in docs/benchmarks.md, tenth session). Here a CTA is 8 consumer warps and
+// one producer warp in at most half an SM (at most 112 registers per thread and, where it fits,
+// half the shared memory), one CTA per SM per launch. So the next launch's CTAs are resident
+// while this one streams, and their producers copy their first chunks of weights before this
+// launch ends (weights are never outputs of the kernel before: module weights, and in-place
+// reloads write them by copies, which a dependent launch does not overlap); the activations
+// follow after it. Copies no longer need the consumers' issue slots, so 8 warps per SM
+// dequantize while ~80-100 KB per SM are in flight.
+//
+// How. The work is the cp.async kernel's, one domain: stream-K units of the rows laid end to end,
+// CTA b taking units b, b + G, ...; consumer warp w multiplies a contiguous 1/8 of each unit's
+// chunks and leaves its row sums in the row slots; the unit ends in the same finish_unit, on a
+// barrier of the consumer warps alone. Each consumer warp has a ring of D stages (2..6), a
+// stage one chunk in the cp.async kernel's stage layout, so that Format::mma reads it: the 2 KB
+// of codes and 256 bytes of scale codes (two bulk copies where the group's 4 tiles are one
+// storage group, else one per tile), then the chunk's activations, an [M, 64] box of x by a
+// tensor copy (zeros past M and K). The producer (one thread) fills the warps' rings round robin,
+// a chunk per warp per round, across units; full and empty mbarriers per stage. A stage's full
+// barrier expects its weights and activations at once, so the weights of the first D rounds can
+// go in before the previous kernel has ended and the activations after.
+#include <cuda.h>
+
+#include <algorithm>
+
+#include "backends/cuda/cta_trace.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/driver_api.h"
+#include "backends/cuda/stream_gemm_device.cuh"
+#include "backends/cuda/stream_gemm_launch.h"
+#include "backends/cuda/stream_scratch.h"
+#include "backends/cuda/tma.cuh"
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int kConsumers = kWideWarps;             // consumer warps; the producer is warp kConsumers
+constexpr int kThreads = 32 * (kConsumers + 1);
+constexpr int kMaxStages = kStreamTmaMaxStages;
+constexpr int kSmemAlign = 128;                    // tensor copies land on 128-byte boundaries
+using Nv = Format<StreamWeight::kNVFP4>;
+static_assert(Nv::kWeightBytes % kSmemAlign == 0 && Nv::kXRowBytes % kSmemAlign == 0,
+              "every stage and its activations start on a 128-byte boundary");
+
+struct TmaSmem {
+  uint64_t full[kConsumers][kMaxStages];   // a stage's chunk landed
+  uint64_t empty[kConsumers][kMaxStages];  // its warp has read it
+  unsigned last[kMaxUnitRows];             // finish_unit's flags
+  unsigned long long* trace;               // this CTA's timeline record, or nullptr
+};
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Warp w's chunks [*wb, *we) of unit `unit` (of the rows laid end to end).
+__device__ __forceinline__ void warp_range(const Plan& pl, int64_t unit, int w, int64_t* wb, int64_t* we) {
+  int64_t begin, end;
+  unit_range(pl, 0, unit, &begin, &end);
+  *wb = begin + (end - begin) * w / kConsumers;
+  *we = begin + (end - begin) * (w + 1) / kConsumers;
+}
+
+// A consumer warp's stage k (its k-th chunk over the launch) and that stage's barriers.
+struct Rings {
+  const Plan& pl;
+  TmaSmem& s;
+  uint32_t base;  // warp 0's stage 0
+  __device__ int index(uint32_t k) const { return static_cast<int>(k % static_cast<uint32_t>(pl.stages)); }
+  __device__ uint32_t stage(int w, uint32_t k) const { return base + (w * pl.stages + index(k)) * pl.slot_bytes; }
+  __device__ uint32_t full(int w, uint32_t k) const { return shared_address(&s.full[w][index(k)]); }
+  __device__ uint32_t empty(int w, uint32_t k) const { return shared_address(&s.empty[w][index(k)]); }
+  // The parity of the barrier phase that the k-th use of its stage completes.
+  __device__ uint32_t parity(uint32_t k) const { return (k / static_cast<uint32_t>(pl.stages)) & 1u; }
+};
+
+// The producer: one thread that fills the consumer warps' rings.
+template <int H>
+struct Producer {
+  const StreamGemmArgs& a;
+  const Plan& pl;
+  const CUtensorMap* xmap;
+  Rings rings;
+  uint32_t issued[kConsumers] = {};  // chunks put into each warp's ring so far
+
+  // Chunk x's weights into stage `dst`, completing on `bar`.
+  __device__ void copy_weights(int64_t x, uint32_t dst, uint32_t bar) const {
+    const int64_t row = x / pl.chunks;
+    const int c = static_cast<int>(x - row * pl.chunks);
+    const Segment u = decode_row<H>(a, 0, row);
+    const StreamGemmPart& p = a.parts[u.part];
+    const auto* codes = static_cast<const uint8_t*>(p.w);
+    const auto* scales = reinterpret_cast<const uint8_t*>(p.scales);
+    constexpr int R = kNvfp4GroupTiles, kScaleBytes = 64;  // per tile and chunk
+    const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
+    if ((t0 + up) % R == 0 && t0 + R <= p.tiles) {  // the 4 tiles are one storage group: one stretch each
+      const int64_t at = nvfp4_tile_index(t0 + up, c, pl.chunks);
+      bulk_copy_to(dst, codes + at * kNvfp4TileBytes, R * kNvfp4TileBytes, bar);
+      bulk_copy_to(dst + R * kNvfp4TileBytes, scales + at * kScaleBytes, R * kScaleBytes, bar);
+      return;
+    }
+    // Up rows that start inside a storage group, or tiles past the part's end (they read its last
+    // tile, valid memory; their outputs are dropped).
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = nvfp4_tile_index(min(t0 + r, p.tiles - 1) + up, c, pl.chunks);
+      bulk_copy_to(dst + r * kNvfp4TileBytes, codes + at * kNvfp4TileBytes, kNvfp4TileBytes, bar);
+      bulk_copy_to(dst + R * kNvfp4TileBytes + r * kScaleBytes, scales + at * kScaleBytes, kScaleBytes, bar);
+    }
+  }
+  // Chunk x's activations, x[0..M, 64 c..64 c + 64), after the stage's weights.
+  __device__ void copy_x(int64_t x, uint32_t dst, uint32_t bar) const {
+    const int c = static_cast<int>(x % pl.chunks);
+    tensor_copy_2d(dst + Nv::kWeightBytes, xmap, c * Nv::kChunkK, 0, bar);
+  }
+  // Puts chunk x into warp w's ring once its stage is free: expects the whole stage (weights and
+  // activations), copies the weights and, with `with_x`, the activations.
+  __device__ void issue(int w, int64_t x, bool with_x) {
+    const uint32_t k = issued[w]++;
+    if (k >= static_cast<uint32_t>(pl.stages)) mbar_wait(rings.empty(w, k), rings.parity(k) ^ 1u);
+    const uint32_t dst = rings.stage(w, k), bar = rings.full(w, k);
+    mbar_expect(bar, Nv::kWeightBytes + a.m * Nv::kXRowBytes);
+    copy_weights(x, dst, bar);
+    if (with_x) copy_x(x, dst, bar);
+  }
+
+  // Every chunk of the CTA's units, round robin over the warps. The first D rounds' weights go
+  // in before the previous kernel has ended, their activations after it.
+  __device__ void run() {
+    int64_t wb[kConsumers], we[kConsumers], longest = 0;
+    const int64_t first = blockIdx.x;
+    for (int w = 0; w < kConsumers; ++w) {
+      warp_range(pl, first, w, &wb[w], &we[w]);
+      longest = max(longest, we[w] - wb[w]);
+    }
+    const int64_t early = min(static_cast<int64_t>(pl.stages), longest);
+    for (int64_t i = 0; i < early; ++i)
+      for (int w = 0; w < kConsumers; ++w)
+        if (wb[w] + i < we[w]) issue(w, wb[w] + i, false);
+    wait_for_previous_grid();  // the activations may be its outputs
+    for (int w = 0; w < kConsumers; ++w)
+      for (int64_t i = 0; i < early && wb[w] + i < we[w]; ++i)
+        copy_x(wb[w] + i, rings.stage(w, static_cast<uint32_t>(i)), rings.full(w, static_cast<uint32_t>(i)));
+    for (int64_t unit = first, from = early; unit < pl.units[0]; unit += gridDim.x, from = 0) {
+      if (unit != first) {
+        longest = 0;
+        for (int w = 0; w < kConsumers; ++w) {
+          warp_range(pl, unit, w, &wb[w], &we[w]);
+          longest = max(longest, we[w] - wb[w]);
+        }
+      }
+      for (int64_t i = from; i < longest; ++i)
+        for (int w = 0; w < kConsumers; ++w)
+          if (wb[w] + i < we[w]) issue(w, wb[w] + i, true);
+    }
+  }
+};
+
+// Consumer warp `warp`: multiplies its chunks [wb, we) as they land (its k-th chunk over the
+// launch in its stage k; *consumed counts them) and leaves each row's sums in its row slot, as
+// the cp.async kernel's warp_stream does. Traced launches stamp kStreamTraceFirst into `trace`
+// (if not nullptr) when its first chunk has landed.
+template <int MB, bool kTraced>
+__device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings& rings, int64_t wb,
+                                        int64_t we, int64_t r_first, uint8_t* slots, int warp, int lane,
+                                        uint32_t* consumed, unsigned long long* trace) {
+  constexpr int R = kNvfp4GroupTiles;
+  float acc[R][MB][4];
+  auto clear = [&] {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
+  };
+  auto leave = [&](int64_t row) {
+    float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+        out[(r * MB + b) * 32 + lane] = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+  };
+  clear();
+  const int64_t c = pl.chunks;
+  int64_t row = wb / c, left = (row + 1) * c - wb;  // the row of the next chunk and its chunks left
+  for (int64_t x = wb; x < we; ++x) {
+    const uint32_t k = (*consumed)++;
+    mbar_wait(rings.full(warp, k), rings.parity(k));
+    if constexpr (kTraced) {
+      if (k == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
+    }
+    if (left == 0) {  // the previous row is done
+      leave(row);
+      clear();
+      ++row;
+      left = c;
+    }
+    --left;
+    Nv::template mma<MB>(rings.stage(warp, k), lane, a.m, acc);
+    __syncwarp();  // every lane has read the stage
+    if (lane == 0) mbar_arrive(rings.empty(warp, k));
+  }
+  leave(row);
+}
+
+template <int MB, int H, bool kTraced>
+__global__ void __launch_bounds__(kThreads, 2)
+    stream_gemm_tma_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl,
+                           const __grid_constant__ CUtensorMap xmap) {
+  extern __shared__ uint8_t smem[];
+  __shared__ TmaSmem s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint32_t raw = shared_address(smem);
+  const uint32_t base = (raw + kSmemAlign - 1) / kSmemAlign * kSmemAlign;
+  uint8_t* slots = smem + (base - raw) + kConsumers * pl.ring_bytes;  // the row slots after the rings
+  const Rings rings{pl, s, base};
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kConsumers; ++w)
+      for (int i = 0; i < pl.stages; ++i) {
+        mbar_init(shared_address(&s.full[w][i]), 1);
+        mbar_init(shared_address(&s.empty[w][i]), 1);
+      }
+    mbar_init_fence();
+    s.trace = kTraced ? open_trace_record(pl.trace, kStreamTraceWords) : nullptr;
+  }
+  __syncthreads();  // the last barrier of the whole CTA: from here on the roles part
+  launch_dependents();
+  if (warp == kConsumers) {
+    if (lane == 0) {
+      prefetch_tensor_map(&xmap);
+      Producer<H>{a, pl, &xmap, rings}.run();
+    }
+    return;
+  }
+  // Thread 0 stamps word w of the CTA's timeline record (traced launches only).
+  auto mark = [&](int w) {
+    if constexpr (kTraced) {
+      if (threadIdx.x == 0) stamp(s.trace, w);
+    }
+  };
+  wait_for_previous_grid();  // before the counters, partials or outputs are touched
+  mark(kStreamTraceWaited);
+  uint32_t consumed = 0;
+  for (int64_t unit = blockIdx.x; unit < pl.units[0]; unit += gridDim.x) {
+    int64_t begin, end, wb, we;
+    unit_range(pl, 0, unit, &begin, &end);
+    warp_range(pl, unit, warp, &wb, &we);
+    if (we > wb)
+      consume<MB, kTraced>(a, pl, rings, wb, we, begin / pl.chunks, slots, warp, lane, &consumed,
+                              kTraced && warp == 0 ? s.trace : nullptr);
+    unit_barrier<kConsumers, true>();
+    mark(kStreamTraceStreamed);
+    finish_unit<StreamWeight::kNVFP4, MB, H, kConsumers, true>(a, pl, 0, static_cast<int>(unit), begin, end, slots,
+                                                              warp, lane, s.last);
+    mark(kStreamTraceEnd);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// host side
+
+bool device_has_tma() {
+  static const bool has = [] {
+    int dev = 0;
+    LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+    return device_attribute(dev, cudaDevAttrComputeCapabilityMajor) >= 9 && driver().cuTensorMapEncodeTiled != nullptr;
+  }();
+  return has;
+}
+
+// x [M, K] bf16 (rows x_ld apart) as boxes of [M, 64] (no swizzle: the stage layout's rows of
+// 128 bytes); elements past K read as zeros.
+CUtensorMap activation_map(const StreamGemmArgs& a) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.m)};
+  // One row's stride is never used, but the map wants one of at least a row (16-byte multiple).
+  const int64_t ld = a.m == 1 ? std::max<int64_t>(a.x_ld, (a.k + 7) / 8 * 8) : a.x_ld;
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(Nv::kChunkK), static_cast<cuuint32_t>(a.m)};
+  const cuuint32_t one[2] = {1, 1};
+  check_cu(driver().cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(a.x), dims,
+                                           strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+           "cuTensorMapEncodeTiled (streaming GEMM activations)");
+  return map;
+}
+
+template <int MB, int H>
+bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
+                  const StreamGemmTuning& t, cudaStream_t stream) {
+  constexpr int R = kNvfp4GroupTiles, W = kConsumers;
+  const int rows_per_unit = unit_rows_one_per_cta(work, sms, W);  // one unit per SM
+  const int slot_bytes = Nv::kWeightBytes + a.m * Nv::kXRowBytes;
+  const int slots_bytes = (W + rows_per_unit - 1) * R * MB * 512;
+  auto smem_for = [&](int stages) { return kSmemAlign + W * stages * slot_bytes + slots_bytes; };
+  auto per_sm = [&](int stages) {
+    return resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, false>),
+                                reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, true>), kThreads,
+                                smem_for(stages));
+  };
+  // The deepest ring with which two CTAs fit an SM (this launch's and the next one's), else one.
+  int stages = t.stages;
+  for (int want : {2, 1})
+    for (int d = kMaxStages; d >= 2 && stages == 0; --d)
+      if (per_sm(d) >= want) stages = d;
+  if (stages == 0 || per_sm(stages) == 0) return false;
+
+  Plan pl{};
+  pl.chunks = static_cast<int32_t>(work.chunks);
+  pl.rows[0] = work.rows[0];
+  const int forced = t.units_per_cta;  // < 0 whole rows, > 0 stream-K with that many per CTA
+  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, sms, W, H);
+  const int64_t units = rows_whole ? work.rows[0] : stream_k_units(work, 0, sms, W, std::max(forced, 1), rows_per_unit);
+  pl.units[0] = static_cast<int32_t>(units);
+  pl.max_segments = stream_max_segments(work, pl.units);
+  const int blocks = static_cast<int>(std::min<int64_t>(sms, units));
+  pl.total_ctas = blocks;
+  StreamScratch scratch = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
+                                         std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
+  pl.counters = scratch.counters;
+  pl.partials = scratch.partials;
+  pl.slot_bytes = slot_bytes;
+  pl.stages = stages;
+  pl.ring_bytes = stages * slot_bytes;
+  pl.overlapped = t.dependent_launch ? 1 : 0;
+  pl.trace = t.trace;
+  const CUtensorMap xmap = activation_map(a);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem_for(stages);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
+  config.attrs = overlap;
+  config.numAttrs = 1;
+  auto* kernel = pl.trace.buf != nullptr ? stream_gemm_tma_kernel<MB, H, true> : stream_gemm_tma_kernel<MB, H, false>;
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, xmap), "streaming GEMM (TMA feed) kernel launch");
+  return true;
+}
+
+template <int H>
+bool launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
+                  const StreamGemmTuning& t, cudaStream_t stream) {
+  return a.m <= 8 ? launch_typed<1, H>(a, work, groups_total, rows_total, sms, t, stream)
+                  : launch_typed<2, H>(a, work, groups_total, rows_total, sms, t, stream);
+}
+
+}  // namespace
+
+bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
+                            int sms, cudaStream_t stream) {
+  if (a.format != StreamWeight::kNVFP4 || a.num_domains != 1 || a.m > 16 || !device_has_tma()) return false;
+  for (int i = 0; i < a.num_parts; ++i)
+    if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
+  const StreamGemmTuning t = stream_gemm_tuning();
+  return a.swiglu ? launch_for_m<2>(a, work, groups_total, rows_total, sms, t, stream)
+                  : launch_for_m<1>(a, work, groups_total, rows_total, sms, t, stream);
+}
+
+}  // namespace locus::cuda::detail

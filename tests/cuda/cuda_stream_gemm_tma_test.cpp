@@ -1,0 +1,146 @@
+// The NVFP4 streaming GEMM's TMA feed (StreamGemmTuning::feed = 1, stream_gemm_tma_kernel.cu):
+// against fp64 with poisoned outputs under every work decomposition and ring depth, plain, fused
+// SwiGLU (up rows on and off a storage-group boundary), bias, bf16 and fp32 outputs, K tails and
+// partial row groups; bitwise repeatable; captured in a graph and replayed after an in-place
+// reload; and the problems it declines run the cp.async kernel. Chained (programmatic dependent)
+// launches and the traced form are in cuda_stream_gemm_test.cpp.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <tuple>
+#include <vector>
+
+#include "backends/cuda/stream_gemm.h"
+#include "cuda_test_util.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+namespace cd = cuda::detail;
+
+// Sets the TMA feed (with the given units per CTA and ring depth) for the test's scope.
+struct TmaFeed {
+  explicit TmaFeed(int units = 0, int stages = 0) {
+    cd::StreamGemmTuning t;
+    t.units_per_cta = units;
+    t.stages = stages;
+    t.feed = 1;
+    cd::set_stream_gemm_tuning(t);
+  }
+  ~TmaFeed() { cd::set_stream_gemm_tuning({}); }
+};
+
+// Runs `launch` and says whether it went through the TMA feed (exactly one launch of it, none of
+// the cp.async kernel).
+template <class F>
+bool ran_tma(F&& launch) {
+  const uint64_t tma = cd::stream_gemm_feed_launches(1), rings = cd::stream_gemm_feed_launches(0);
+  launch();
+  return cd::stream_gemm_feed_launches(1) == tma + 1 && cd::stream_gemm_feed_launches(0) == rings;
+}
+
+TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  // 200 rows: a partial last row group; 416 = 2 x 208: SwiGLU up rows start inside a storage
+  // group; K = 1552 and 192: a K tail and rows of 3 chunks.
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 7168}, {5, 200, 192}, {9, 416, 1552},
+                         {16, 1024, 1536}, {12, 2048, 3072}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " N " << n << " K " << k);
+    Tensor x = randn({m, k}, DType::kBF16, seed + n);
+    const ops::Nvfp4Weight host = random_nvfp4(n, k, seed + n + 1);
+    Tensor bias = randn({n}, DType::kBF16, seed + n + 2);
+    const ops::Nvfp4Weight w = cuda::nvfp4_prepare(host, 0, -1);
+    const Tensor xg = to_gpu(x), bg = to_gpu(bias);
+    const std::vector<double> dq = dequant_ref(host);
+    const std::vector<double> ref = ref_gemm_dense(x, dq, n, Tensor()), ref_bias = ref_gemm_dense(x, dq, n, bias);
+    const std::vector<double> ref_gated = ref_swiglu(ref, m, n / 2);
+    for (auto [units, stages] : {std::pair{0, 0}, {-1, 0}, {1, 0}, {2, 0}, {5, 0}, {0, 2}, {1, 4}}) {
+      SCOPED_TRACE(::testing::Message() << "units per CTA " << units << ", stages " << stages);
+      TmaFeed feed(units, stages);
+      Tensor y = poisoned_gpu({m, n}, DType::kFP32);
+      EXPECT_TRUE(ran_tma([&] { cuda::nvfp4_gemm(xg, w, {}, y, nullptr); }));
+      EXPECT_LT(rel_error(fetch(y), ref), fp32_out_gemm_tolerance(k));
+      Tensor yb = poisoned_gpu({m, n}, DType::kBF16);
+      EXPECT_TRUE(ran_tma([&] { cuda::nvfp4_gemm(xg, w, bg, yb, nullptr); }));
+      EXPECT_LT(rel_error(fetch(yb), ref_bias), bf16_gemm_tolerance(k));
+      if ((n / 2) % 16 == 0) {  // the fused form needs the up rows on a 16-row tile
+        Tensor ys = poisoned_gpu({m, n / 2}, DType::kBF16);
+        EXPECT_TRUE(ran_tma([&] { cuda::nvfp4_gemm_swiglu(xg, w, ys, nullptr); }));
+        EXPECT_LT(rel_error(fetch(ys), ref_gated), bf16_gemm_tolerance(k));
+      }
+    }
+  }
+}
+
+// Same inputs, same bits: five eager runs, then a captured graph's replays; a replay after an
+// in-place reload (global scale included) computes with the new weights.
+TEST(CudaStreamGemmTma, RepeatableCapturedAndReloadedInPlace) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TmaFeed feed;
+  const int64_t M = 3, N = 7168, K = 2048;
+  Tensor x = randn({M, K}, DType::kBF16, seed);
+  const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + 1);
+  const ops::Nvfp4Weight w = cuda::nvfp4_prepare(host, 0, -1);
+  const Tensor xg = to_gpu(x);
+  Tensor first = poisoned_gpu({M, N}, DType::kFP32), y = poisoned_gpu({M, N}, DType::kFP32);
+  ASSERT_TRUE(ran_tma([&] { cuda::nvfp4_gemm(xg, w, {}, first, nullptr); }));
+  const Tensor expected = fetch(first);
+  EXPECT_LT(rel_error(expected, ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
+  for (int i = 0; i < 5; ++i) {
+    y.fill_nan_();
+    cuda::nvfp4_gemm(xg, w, {}, y, nullptr);
+    EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << "run " << i;
+  }
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  cuda::nvfp4_gemm(xg, w, {}, y, stream);  // eager first: the stream's scratch is made outside the capture
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cuda::Graph graph;
+  graph.begin_capture(stream);
+  for (int i = 0; i < 3; ++i) cuda::nvfp4_gemm(xg, w, {}, y, stream);  // back to back: dependent launches
+  graph.end_capture();
+  for (int rep = 0; rep < 2; ++rep) {
+    y.fill_nan_();
+    graph.replay(stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << "replay " << rep;
+  }
+  ops::Nvfp4Weight host2 = random_nvfp4(N, K, seed + 2);
+  host2.global_scale = host.global_scale * 3.f;
+  cuda::nvfp4_prepare_into(host2, w);
+  y.fill_nan_();
+  graph.replay(stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host2), N, Tensor())), fp32_out_gemm_tolerance(K));
+  cudaStreamDestroy(stream);
+}
+
+// BF16 weights and M > 16 are not the TMA feed's: they run the cp.async kernel, correctly.
+TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TmaFeed feed(0, 6);  // a TMA ring depth: the cp.async kernel must not take it for its own
+  const int64_t K = 1024, N = 512;
+  for (const int64_t M : {4, 24}) {
+    Tensor x = randn({M, K}, DType::kBF16, seed + M);
+    const Tensor xg = to_gpu(x);
+    Tensor w = randn({N, K}, DType::kBF16, seed + M + 1, 0.05);
+    Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+    const uint64_t tma = cd::stream_gemm_feed_launches(1);
+    ASSERT_TRUE(cuda::stream_gemm(xg, to_gpu(w), {}, y, false, nullptr));
+    EXPECT_LT(rel_error(fetch(y), ref_gemm(x, w)), fp32_out_gemm_tolerance(K));
+    const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + M + 2);
+    y = poisoned_gpu({M, N}, DType::kFP32);
+    cuda::nvfp4_gemm(xg, cuda::nvfp4_prepare(host, 0, -1), {}, y, nullptr);
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
+    EXPECT_EQ(cd::stream_gemm_feed_launches(1), tma + (M <= 16 ? 1 : 0)) << "M " << M;
+  }
+}
+
+}  // namespace
+}  // namespace locus
