@@ -357,7 +357,8 @@ __device__ __forceinline__ void unit_barrier() {
 // SwiGLU), else stores a partial; then one arrival per row group counts the partials, and the
 // group's last segment adds them in segment order (deterministic either way). The rows proceed
 // side by side, so the unit pays the partials' memory round trips (fence, count, read) once.
-// Run by warps 0..W-1 (threads 0..32 W - 1); ends with a unit_barrier.
+// A unit of whole rows skips the fence and the count. Run by warps 0..W-1 (threads
+// 0..32 W - 1); ends with a unit_barrier.
 template <StreamWeight F, int MB, int H, int W, bool kConsumersOnly = false>
 __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan& pl, int domain, int unit,
                                             int64_t begin, int64_t end, uint8_t* slots, int warp, int lane,
@@ -404,6 +405,11 @@ __device__ __forceinline__ void finish_unit(const StreamGemmArgs& a, const Plan&
       for (int b = 0; b < MB; ++b)
         __stcg(mine + b * 32 + lane, make_float4(v[0][b][0], v[0][b][1], v[0][b][2], v[0][b][3]));
     }
+  }
+  // A unit of whole rows (no SwiGLU) wrote every output directly: no partials to count.
+  if (H == 1 && begin % c == 0 && end % c == 0) {
+    unit_barrier<W, kConsumersOnly>();  // the row slots are read before the next unit's warps write them
+    return;
   }
   __threadfence();  // the partials are visible before they are counted
   unit_barrier<W, kConsumersOnly>();
