@@ -3,7 +3,8 @@
 # put into .gpu-carry/: the CUDA unit tests and the whole CPU suite (its CLI tests start
 # .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
 # generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
-# logits CUDA vs CPU), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines. Logs go to $OUT
+# logits CUDA vs CPU), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
+# NVFP4 one for both feeds). Logs go to $OUT
 # (or /tmp/locus-gpu); each step prints a line or two, and a summary comes last.
 # usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]
 set -uo pipefail
@@ -96,6 +97,8 @@ if ((bench)); then
   note "cuda_bmm_timeline_bench: exit $?, table in $OUT/bmm_timeline_${split}.md"
   timeout 120 "$CARRY/cuda_stream_timeline_bench" > "$OUT/stream_timeline.md" 2>&1
   note "cuda_stream_timeline_bench: exit $?, table in $OUT/stream_timeline.md"
+  timeout 120 "$CARRY/cuda_stream_timeline_bench" --tuning 0,0,0,1,0,1 > "$OUT/stream_timeline_tma.md" 2>&1
+  note "cuda_stream_timeline_bench, TMA feed: exit $?, table in $OUT/stream_timeline_tma.md"
 fi
 
 echo "==== summary ($OUT)"

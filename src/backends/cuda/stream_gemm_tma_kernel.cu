@@ -19,10 +19,10 @@
 // stage one chunk in the cp.async kernel's stage layout, so that Format::mma reads it: the 2 KB
 // of codes and 256 bytes of scale codes (two bulk copies where the group's 4 tiles are one
 // storage group, else one per tile), then the chunk's activations, an [M, 64] box of x by a
-// tensor copy (zeros past M and K). The producer (one thread) fills the warps' rings round robin,
-// a chunk per warp per round, across units; full and empty mbarriers per stage. A stage's full
-// barrier expects its weights and activations at once, so the weights of the first D rounds can
-// go in before the previous kernel has ended and the activations after.
+// tensor copy (zeros past M and K). Lane w of the producer warp fills consumer warp w's ring,
+// across units; full and empty mbarriers per stage. A stage's full barrier expects its weights
+// and activations at once, so the weights of a warp's first D chunks can go in before the
+// previous kernel has ended and the activations after.
 #include <cuda.h>
 
 #include <algorithm>
@@ -78,84 +78,113 @@ struct Rings {
   __device__ uint32_t parity(uint32_t k) const { return (k / static_cast<uint32_t>(pl.stages)) & 1u; }
 };
 
-// The producer: one thread that fills the consumer warps' rings.
+// Producer lane w of the producer warp fills consumer warp w's ring: its chunks in order, each
+// once its stage is free. (A lane per consumer warp, so that the per-chunk bookkeeping of the 8
+// rings runs side by side; the lanes wait for their stages in step, much as one thread serving
+// the rings round robin would.)
 template <int H>
-struct Producer {
+struct ProducerLane {
   const StreamGemmArgs& a;
   const Plan& pl;
   const CUtensorMap* xmap;
   Rings rings;
-  uint32_t issued[kConsumers] = {};  // chunks put into each warp's ring so far
+  int w;
+  uint32_t k = 0;  // chunks put into the ring so far
+  // The cursor: the next chunk (of the rows laid end to end), its row and its chunk within the
+  // row, and, where the row group's 4 tiles are one storage group, that chunk's codes and scales
+  // (nullptr: per-tile copies).
+  int64_t x = 0, row = 0;
+  int32_t c = 0;
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  static constexpr int R = kNvfp4GroupTiles, kScaleBytes = 64;  // scale bytes per tile and chunk
 
-  // Chunk x's weights into stage `dst`, completing on `bar`.
-  __device__ void copy_weights(int64_t x, uint32_t dst, uint32_t bar) const {
-    const int64_t row = x / pl.chunks;
-    const int c = static_cast<int>(x - row * pl.chunks);
+  // The storage of the cursor's row (its chunk c), where one stretch holds it.
+  __device__ void locate() {
+    codes = scales = nullptr;
+    if (row >= pl.rows[0]) return;  // past the last row: nothing more to copy
     const Segment u = decode_row<H>(a, 0, row);
     const StreamGemmPart& p = a.parts[u.part];
-    const auto* codes = static_cast<const uint8_t*>(p.w);
-    const auto* scales = reinterpret_cast<const uint8_t*>(p.scales);
-    constexpr int R = kNvfp4GroupTiles, kScaleBytes = 64;  // per tile and chunk
     const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
-    if ((t0 + up) % R == 0 && t0 + R <= p.tiles) {  // the 4 tiles are one storage group: one stretch each
-      const int64_t at = nvfp4_tile_index(t0 + up, c, pl.chunks);
-      bulk_copy_to(dst, codes + at * kNvfp4TileBytes, R * kNvfp4TileBytes, bar);
-      bulk_copy_to(dst + R * kNvfp4TileBytes, scales + at * kScaleBytes, R * kScaleBytes, bar);
+    if ((t0 + up) % R != 0 || t0 + R > p.tiles) return;
+    const int64_t at = nvfp4_tile_index(t0 + up, c, pl.chunks);
+    codes = static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes;
+    scales = reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes;
+  }
+  __device__ void seek(int64_t chunk) {
+    x = chunk;
+    row = chunk / pl.chunks;
+    c = static_cast<int32_t>(chunk - row * pl.chunks);
+    locate();
+  }
+  // Chunk c + 1 of a tile is 4 tiles further (group-major).
+  __device__ void next() {
+    ++x;
+    if (codes != nullptr) {
+      codes += R * kNvfp4TileBytes;
+      scales += R * kScaleBytes;
+    }
+    if (++c == pl.chunks) {
+      c = 0;
+      ++row;
+      locate();
+    }
+  }
+
+  // The cursor's chunk's weights into stage `dst`, completing on `bar`.
+  __device__ void copy_weights(uint32_t dst, uint32_t bar) const {
+    if (codes != nullptr) {
+      bulk_copy_to(dst, codes, R * kNvfp4TileBytes, bar);
+      bulk_copy_to(dst + R * kNvfp4TileBytes, scales, R * kScaleBytes, bar);
       return;
     }
     // Up rows that start inside a storage group, or tiles past the part's end (they read its last
     // tile, valid memory; their outputs are dropped).
+    const Segment u = decode_row<H>(a, 0, row);
+    const StreamGemmPart& p = a.parts[u.part];
+    const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t at = nvfp4_tile_index(min(t0 + r, p.tiles - 1) + up, c, pl.chunks);
-      bulk_copy_to(dst + r * kNvfp4TileBytes, codes + at * kNvfp4TileBytes, kNvfp4TileBytes, bar);
-      bulk_copy_to(dst + R * kNvfp4TileBytes + r * kScaleBytes, scales + at * kScaleBytes, kScaleBytes, bar);
+      bulk_copy_to(dst + r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes,
+                   kNvfp4TileBytes, bar);
+      bulk_copy_to(dst + R * kNvfp4TileBytes + r * kScaleBytes,
+                   reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes, kScaleBytes, bar);
     }
   }
-  // Chunk x's activations, x[0..M, 64 c..64 c + 64), after the stage's weights.
-  __device__ void copy_x(int64_t x, uint32_t dst, uint32_t bar) const {
-    const int c = static_cast<int>(x % pl.chunks);
+  // The cursor's chunk's activations, x[0..M, 64 c..64 c + 64), after the stage's weights.
+  __device__ void copy_x(uint32_t dst, uint32_t bar) const {
     tensor_copy_2d(dst + Nv::kWeightBytes, xmap, c * Nv::kChunkK, 0, bar);
   }
-  // Puts chunk x into warp w's ring once its stage is free: expects the whole stage (weights and
-  // activations), copies the weights and, with `with_x`, the activations.
-  __device__ void issue(int w, int64_t x, bool with_x) {
-    const uint32_t k = issued[w]++;
+  // Puts the cursor's chunk into the ring once its stage is free: expects the whole stage
+  // (weights and activations), copies the weights and, with `with_x`, the activations.
+  __device__ void issue(bool with_x) {
     if (k >= static_cast<uint32_t>(pl.stages)) mbar_wait(rings.empty(w, k), rings.parity(k) ^ 1u);
     const uint32_t dst = rings.stage(w, k), bar = rings.full(w, k);
     mbar_expect(bar, Nv::kWeightBytes + a.m * Nv::kXRowBytes);
-    copy_weights(x, dst, bar);
-    if (with_x) copy_x(x, dst, bar);
+    copy_weights(dst, bar);
+    if (with_x) copy_x(dst, bar);
+    ++k;
   }
 
-  // Every chunk of the CTA's units, round robin over the warps. The first D rounds' weights go
-  // in before the previous kernel has ended, their activations after it.
+  // Every chunk of warp w's share of the CTA's units. The weights of its first D chunks go in
+  // before the previous kernel has ended, their activations after it.
   __device__ void run() {
-    int64_t wb[kConsumers], we[kConsumers], longest = 0;
     const int64_t first = blockIdx.x;
-    for (int w = 0; w < kConsumers; ++w) {
-      warp_range(pl, first, w, &wb[w], &we[w]);
-      longest = max(longest, we[w] - wb[w]);
-    }
-    const int64_t early = min(static_cast<int64_t>(pl.stages), longest);
-    for (int64_t i = 0; i < early; ++i)
-      for (int w = 0; w < kConsumers; ++w)
-        if (wb[w] + i < we[w]) issue(w, wb[w] + i, false);
+    int64_t wb, we;
+    warp_range(pl, first, w, &wb, &we);
+    const int64_t early = min(static_cast<int64_t>(pl.stages), we - wb);
+    seek(wb);
+    for (int64_t i = 0; i < early; ++i, next()) issue(false);
     wait_for_previous_grid();  // the activations may be its outputs
-    for (int w = 0; w < kConsumers; ++w)
-      for (int64_t i = 0; i < early && wb[w] + i < we[w]; ++i)
-        copy_x(wb[w] + i, rings.stage(w, static_cast<uint32_t>(i)), rings.full(w, static_cast<uint32_t>(i)));
-    for (int64_t unit = first, from = early; unit < pl.units[0]; unit += gridDim.x, from = 0) {
+    seek(wb);
+    for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
+    for (int64_t unit = first; unit < pl.units[0]; unit += gridDim.x) {
       if (unit != first) {
-        longest = 0;
-        for (int w = 0; w < kConsumers; ++w) {
-          warp_range(pl, unit, w, &wb[w], &we[w]);
-          longest = max(longest, we[w] - wb[w]);
-        }
+        warp_range(pl, unit, w, &wb, &we);
+        seek(wb);
       }
-      for (int64_t i = from; i < longest; ++i)
-        for (int w = 0; w < kConsumers; ++w)
-          if (wb[w] + i < we[w]) issue(w, wb[w] + i, true);
+      for (; x < we; next()) issue(true);
     }
   }
 };
@@ -231,11 +260,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // the last barrier of the whole CTA: from here on the roles part
   launch_dependents();
-  if (warp == kConsumers) {
-    if (lane == 0) {
-      prefetch_tensor_map(&xmap);
-      Producer<H>{a, pl, &xmap, rings}.run();
-    }
+  if (warp == kConsumers) {  // the producer warp: lane w feeds consumer warp w
+    if (lane == 0) prefetch_tensor_map(&xmap);
+    if (lane < kConsumers) ProducerLane<H>{a, pl, &xmap, rings, lane}.run();
     return;
   }
   // Thread 0 stamps word w of the CTA's timeline record (traced launches only).
