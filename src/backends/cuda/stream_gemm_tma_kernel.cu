@@ -156,35 +156,44 @@ struct ProducerLane {
   __device__ void copy_x(uint32_t dst, uint32_t bar) const {
     tensor_copy_2d(dst + Nv::kWeightBytes, xmap, c * Nv::kChunkK, 0, bar);
   }
-  // Puts the cursor's chunk into the ring once its stage is free: expects the whole stage
-  // (weights and activations), copies the weights and, with `with_x`, the activations.
+  // Whether the ring's next stage is free (its previous chunk read), without waiting.
+  __device__ bool stage_free() const {
+    return k < static_cast<uint32_t>(pl.stages) || mbar_done(rings.empty(w, k), rings.parity(k) ^ 1u);
+  }
+  // Puts the cursor's chunk into the ring's next stage (free): expects the whole stage (weights
+  // and activations), copies the weights and, with `with_x`, the activations; moves on.
   __device__ void issue(bool with_x) {
-    if (k >= static_cast<uint32_t>(pl.stages)) mbar_wait(rings.empty(w, k), rings.parity(k) ^ 1u);
     const uint32_t dst = rings.stage(w, k), bar = rings.full(w, k);
     mbar_expect(bar, Nv::kWeightBytes + a.m * Nv::kXRowBytes);
     copy_weights(dst, bar);
     if (with_x) copy_x(dst, bar);
     ++k;
+    next();
   }
 
   // Every chunk of warp w's share of the CTA's units. The weights of its first D chunks go in
-  // before the previous kernel has ended, their activations after it.
+  // before the previous kernel has ended (the stages are free), their activations after it. Then
+  // the lane polls its next stage and never blocks, so that no lane's wait can hold up another's
+  // copies, however the warp's lanes converge (a lane whose consumer warp waits at a unit's end
+  // for the other consumers must not be stuck behind a lane that waits for its own consumer).
   __device__ void run() {
-    const int64_t first = blockIdx.x;
-    int64_t wb, we;
-    warp_range(pl, first, w, &wb, &we);
+    int64_t unit = blockIdx.x, wb, we;
+    warp_range(pl, unit, w, &wb, &we);
     const int64_t early = min(static_cast<int64_t>(pl.stages), we - wb);
     seek(wb);
-    for (int64_t i = 0; i < early; ++i, next()) issue(false);
+    for (int64_t i = 0; i < early; ++i) issue(false);
     wait_for_previous_grid();  // the activations may be its outputs
     seek(wb);
     for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
-    for (int64_t unit = first; unit < pl.units[0]; unit += gridDim.x) {
-      if (unit != first) {
+    while (true) {
+      if (x == we) {  // the unit's chunks are in: the CTA's next unit
+        unit += gridDim.x;
+        if (unit >= pl.units[0]) break;
         warp_range(pl, unit, w, &wb, &we);
         seek(wb);
+      } else if (stage_free()) {
+        issue(true);
       }
-      for (; x < we; next()) issue(true);
     }
   }
 };
