@@ -193,6 +193,8 @@ struct ProducerLane {
         seek(wb);
       } else if (stage_free()) {
         issue(true);
+      } else {
+        __nanosleep(32);  // leave the issue slots to the consumer warps while the stage drains
       }
     }
   }
