@@ -1,5 +1,6 @@
 // The NVFP4 streaming GEMM's TMA feed (StreamGemmTuning::feed = 1, stream_gemm_tma_kernel.cu):
-// against fp64 with poisoned outputs under every work decomposition and ring depth, plain, fused
+// against fp64 with poisoned outputs under every work decomposition and ring depth (and with an
+// L2 prefetch), plain, fused
 // SwiGLU (up rows on and off a storage-group boundary), bias, bf16 and fp32 outputs, K tails and
 // partial row groups; bitwise repeatable; captured in a graph and replayed after an in-place
 // reload; and the problems it declines run the cp.async kernel. Chained (programmatic dependent)
@@ -19,12 +20,14 @@ namespace {
 using namespace locus::testing;
 namespace cd = cuda::detail;
 
-// Sets the TMA feed (with the given units per CTA and ring depth) for the test's scope.
+// Sets the TMA feed (with the given units per CTA, ring depth and KB asked of L2 early) for the
+// test's scope.
 struct TmaFeed {
-  explicit TmaFeed(int units = 0, int stages = 0) {
+  explicit TmaFeed(int units = 0, int stages = 0, int prefetch_kb = 0) {
     cd::StreamGemmTuning t;
     t.units_per_cta = units;
     t.stages = stages;
+    t.prefetch_kb = prefetch_kb;
     t.feed = 1;
     cd::set_stream_gemm_tuning(t);
   }
@@ -56,9 +59,11 @@ TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
     const std::vector<double> dq = dequant_ref(host);
     const std::vector<double> ref = ref_gemm_dense(x, dq, n, Tensor()), ref_bias = ref_gemm_dense(x, dq, n, bias);
     const std::vector<double> ref_gated = ref_swiglu(ref, m, n / 2);
-    for (auto [units, stages] : {std::pair{0, 0}, {-1, 0}, {1, 0}, {2, 0}, {5, 0}, {0, 2}, {1, 4}}) {
-      SCOPED_TRACE(::testing::Message() << "units per CTA " << units << ", stages " << stages);
-      TmaFeed feed(units, stages);
+    for (auto [units, stages, prefetch_kb] : {std::tuple{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}, {2, 0, 0}, {5, 0, 0},
+                                              {0, 2, 0}, {1, 4, 0}, {0, 0, 512}}) {
+      SCOPED_TRACE(::testing::Message() << "units per CTA " << units << ", stages " << stages << ", prefetch "
+                                        << prefetch_kb << " KB");
+      TmaFeed feed(units, stages, prefetch_kb);
       Tensor y = poisoned_gpu({m, n}, DType::kFP32);
       EXPECT_TRUE(ran_tma([&] { cuda::nvfp4_gemm(xg, w, {}, y, nullptr); }));
       EXPECT_LT(rel_error(fetch(y), ref), fp32_out_gemm_tolerance(k));

@@ -3,8 +3,8 @@
 # streaming GEMM's two feeds side by side (StreamGemmTuning::feed; stream_gemm_tma_kernel.cu).
 #   1. the streaming GEMM's GPU tests (both feeds), then the TMA feed's under compute-sanitizer
 #      (memcheck, synccheck);
-#   2. the timeline of every DeepSeek-V3 shape at M = 1, 8, 16 with the cp.async rings and with the
-#      TMA feed, alternating, two rounds;
+#   2. the timeline of every DeepSeek-V3 shape at M = 1, 8, 16 with the cp.async rings, the TMA
+#      feed, and the TMA feed with 256 KB per CTA asked of L2 early, alternating, two rounds;
 #   3. the K-split sweep (its last three columns are the TMA feed).
 # Logs and tables go to $OUT (or /tmp/locus-feed-ab); a summary comes last.
 # usage: tools/gpu/feed_ab.sh [--shape NxK] [--no-sanitizer]
@@ -38,11 +38,14 @@ if ((sanitize)); then
     note "compute-sanitizer $tool (TMA feed tests): exit $?, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   done
 fi
+# Variants: the cp.async rings; the TMA feed; the TMA feed asking L2 for 256 KB more per CTA early.
 for round in 1 2; do
-  for feed in 0 1; do
-    timeout 150 "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,8,16 --tuning "0,0,0,1,0,$feed" \
-      > "$OUT/timeline_feed${feed}_round$round.md" 2>&1
-    note "timeline feed $feed round $round: exit $?, $OUT/timeline_feed${feed}_round$round.md"
+  for variant in "0 0" "1 0" "1 256"; do
+    set -- $variant
+    name="feed$1_prefetch$2"
+    timeout 150 "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,8,16 --tuning "0,0,0,1,$2,$1" \
+      > "$OUT/timeline_${name}_round$round.md" 2>&1
+    note "timeline $name round $round: exit $?, $OUT/timeline_${name}_round$round.md"
   done
 done
 timeout 200 "$CARRY/cuda_gemm_bench" --sweep --quick --m 1 "${shape[@]}" > "$OUT/sweep.log" 2>&1

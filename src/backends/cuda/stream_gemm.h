@@ -112,7 +112,8 @@ struct StreamGemmTuning {
   // How chunks reach shared memory: 0 per-warp cp.async rings; 1 (NVFP4, one domain, M <= 16;
   // else 0) a TMA producer warp, one CTA per SM in at most half of its memory, so that the next
   // launch's CTAs sit beside the running ones and fill their rings before it ends
-  // (stream_gemm_tma_kernel.cu). `stages` is then each consumer warp's ring depth, 2..6.
+  // (stream_gemm_tma_kernel.cu). `stages` is then each consumer warp's ring depth, 2..6, and
+  // `prefetch_kb` what a CTA asks L2 for beyond its rings' early stages (default none).
   int feed = 0;
   CtaTrace trace;  // a timeline of the launches (bench/cuda/stream_timeline_bench.cpp), or off
 };

@@ -171,6 +171,18 @@ struct ProducerLane {
     next();
   }
 
+  // Asks L2 for the lane's share of pl.prefetch_bytes (StreamGemmTuning::prefetch_kb) of the
+  // chunks after the cursor, within its row and below `we` (the row's stretch of codes and
+  // scales; nothing where the row is copied tile by tile).
+  __device__ void prefetch_more(int64_t we) const {
+    if (pl.prefetch_bytes <= 0 || codes == nullptr || x >= we) return;
+    const int64_t wanted = pl.prefetch_bytes / kConsumers / Nv::kWeightBytes;
+    const int64_t n = min(min(wanted, we - x), static_cast<int64_t>(pl.chunks - c));
+    if (n <= 0) return;
+    prefetch_l2_bulk(codes, static_cast<uint32_t>(n * R * kNvfp4TileBytes));
+    prefetch_l2_bulk(scales, static_cast<uint32_t>(n * R * kScaleBytes));
+  }
+
   // Every chunk of warp w's share of the CTA's units. The weights of its first D chunks go in
   // before the previous kernel has ended (the stages are free), their activations after it. Then
   // the lane polls its next stage and never blocks, so that no lane's wait can hold up another's
@@ -182,6 +194,7 @@ struct ProducerLane {
     const int64_t early = min(static_cast<int64_t>(pl.stages), we - wb);
     seek(wb);
     for (int64_t i = 0; i < early; ++i) issue(false);
+    prefetch_more(we);
     wait_for_previous_grid();  // the activations may be its outputs
     seek(wb);
     for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
@@ -367,6 +380,7 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   pl.stages = stages;
   pl.ring_bytes = stages * slot_bytes;
   pl.overlapped = t.dependent_launch ? 1 : 0;
+  pl.prefetch_bytes = t.prefetch_kb << 10;  // none by default: the rings' first stages are copied early
   pl.trace = t.trace;
   const CUtensorMap xmap = activation_map(a);
   cudaLaunchConfig_t config{};
