@@ -3,7 +3,7 @@
 # streaming GEMM's two feeds side by side (StreamGemmTuning::feed; stream_gemm_tma_kernel.cu).
 #   1. the streaming GEMM's GPU tests (both feeds), then the TMA feed's under compute-sanitizer
 #      (memcheck, synccheck);
-#   2. the timeline of every DeepSeek-V3 shape at M = 1, 8, 16 with the cp.async rings, the TMA
+#   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings, the TMA
 #      feed, and the TMA feed with 256 KB per CTA asked of L2 early, alternating, two rounds;
 #   3. the K-split sweep (its last three columns are the TMA feed).
 # Logs and tables go to $OUT (or /tmp/locus-feed-ab); a summary comes last.
@@ -43,7 +43,7 @@ for round in 1 2; do
   for variant in "0 0" "1 0" "1 256"; do
     set -- $variant
     name="feed$1_prefetch$2"
-    timeout 150 "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,8,16 --tuning "0,0,0,1,$2,$1" \
+    timeout 150 "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,16 --tuning "0,0,0,1,$2,$1" \
       > "$OUT/timeline_${name}_round$round.md" 2>&1
     note "timeline $name round $round: exit $?, $OUT/timeline_${name}_round$round.md"
   done
