@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 src="$1"; build="${2:-build-cuda}"
 [[ -f "$src" ]] || { echo "no such file: $src" >&2; exit 2; }
 [[ -f "$build/build.ninja" ]] || { echo "no CUDA build in $build (tools/gpu/package.sh makes one)" >&2; exit 2; }
-cmd=$(cd "$build" && ninja -t commands liblocus.so | grep -F "$src" | head -1)
+cmd=$(cd "$build" && ninja -t commands liblocus.so | grep -m1 -F "$src" || true)
 [[ -n "$cmd" ]] || { echo "$src is not compiled into liblocus.so" >&2; exit 2; }
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -27,30 +27,7 @@ usage: tools/protocol/stream_tma_ring_model.py [--seeds N] [--lockstep] [--fault
 import random
 import sys
 
-
-class Barrier:
-    def __init__(self, count):
-        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-    def _complete(self):
-        if self.pending == 0 and self.tx == 0:
-            self.phase, self.pending = self.phase + 1, self.count
-
-    def arrive(self):
-        self.pending -= 1
-        assert self.pending >= 0, "more arrivals than the barrier's count"
-        self._complete()
-
-    def expect(self, nbytes):  # arrive.expect_tx
-        self.tx += nbytes
-        self.arrive()
-
-    def land(self, nbytes):  # a copy's complete_tx
-        self.tx -= nbytes
-        self._complete()
-
-    def passed(self, parity):  # try_wait.parity
-        return (self.phase & 1) != parity
+from mbarrier_model import Barrier
 
 
 def run(stages, units, rng, lockstep=False, fault=None):

@@ -336,6 +336,29 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
   return reinterpret_cast<float4*>(slots) + (w + static_cast<int>(r - r_first)) * slot_floats4;
 }
 
+// A streaming warp's fp32 sums of its current row (R tiles x MB blocks of 8 tokens, in mma
+// C-fragment order), and how it leaves them in its row slot for finish_unit.
+template <int R, int MB>
+struct RowSums {
+  float acc[R][MB][4];
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
+  }
+  __device__ __forceinline__ void leave(uint8_t* slots, int warp, int64_t row, int64_t r_first, int lane) const {
+    float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+        out[(r * MB + b) * 32 + lane] = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
+  }
+};
+
 __device__ __forceinline__ void add4(float (&v)[4], const float4& q) {
   v[0] += q.x;
   v[1] += q.y;

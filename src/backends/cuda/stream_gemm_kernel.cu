@@ -67,24 +67,8 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     }
     cp_async_commit();
   };
-  float acc[R][MB][4];
-  auto clear = [&] {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-  };
-  auto leave = [&](int64_t row) {
-    float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-        out[(r * MB + b) * 32 + lane] = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
-  };
-  clear();
+  RowSums<R, MB> sums;
+  sums.clear();
   int64_t row = wb / c;  // the compute cursor: the row of chunk j and its chunks left
   int64_t left = (row + 1) * c - wb;
   for (int j = 0; j < stages - 1; ++j) issue(j);
@@ -98,19 +82,19 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
       if (j == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
     if (left == 0) {  // the previous row is done
-      leave(row);
-      clear();
+      sums.leave(slots, warp, row, r_first, lane);
+      sums.clear();
       ++row;
       left = c;
     }
     --left;
     const uint32_t slot = ring + stage * pl.slot_bytes;
     if (++stage == stages) stage = 0;
-    Fmt::template mma<MB>(slot, lane, a.m, acc);
+    Fmt::template mma<MB>(slot, lane, a.m, sums.acc);
   }
   cp_async_wait<0>();
   __syncwarp();
-  leave(row);
+  sums.leave(slots, warp, row, r_first, lane);
 }
 
 

@@ -221,25 +221,8 @@ template <int MB, bool kTraced>
 __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings& rings, int64_t wb,
                                         int64_t we, int64_t r_first, uint8_t* slots, int warp, int lane,
                                         uint32_t* consumed, unsigned long long* trace) {
-  constexpr int R = kNvfp4GroupTiles;
-  float acc[R][MB][4];
-  auto clear = [&] {
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
-  };
-  auto leave = [&](int64_t row) {
-    float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
-        out[(r * MB + b) * 32 + lane] = make_float4(acc[r][b][0], acc[r][b][1], acc[r][b][2], acc[r][b][3]);
-  };
-  clear();
+  RowSums<kNvfp4GroupTiles, MB> sums;
+  sums.clear();
   const int64_t c = pl.chunks;
   int64_t row = wb / c, left = (row + 1) * c - wb;  // the row of the next chunk and its chunks left
   for (int64_t x = wb; x < we; ++x) {
@@ -249,17 +232,17 @@ __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl,
       if (k == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
     if (left == 0) {  // the previous row is done
-      leave(row);
-      clear();
+      sums.leave(slots, warp, row, r_first, lane);
+      sums.clear();
       ++row;
       left = c;
     }
     --left;
-    Nv::template mma<MB>(rings.stage(warp, k), lane, a.m, acc);
+    Nv::template mma<MB>(rings.stage(warp, k), lane, a.m, sums.acc);
     __syncwarp();  // every lane has read the stage
     if (lane == 0) mbar_arrive(rings.empty(warp, k));
   }
-  leave(row);
+  sums.leave(slots, warp, row, r_first, lane);
 }
 
 template <int MB, int H, bool kTraced>

@@ -1,0 +1,29 @@
+"""PTX mbarrier semantics for the kernels' protocol models (bmm_ring_model.py,
+stream_tma_ring_model.py): a phase completes when its arrivals are in and every expected byte
+(transaction count) has landed; a wait on parity P returns once the current phase's parity
+differs from P."""
+
+
+class Barrier:
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase, self.pending = self.phase + 1, self.count
+
+    def arrive(self, n=1):
+        self.pending -= n
+        assert self.pending >= 0, "more arrivals than the barrier's count"
+        self._complete()
+
+    def expect(self, nbytes):  # arrive.expect_tx
+        self.tx += nbytes
+        self.arrive()
+
+    def land(self, nbytes):  # a copy's complete_tx
+        self.tx -= nbytes
+        self._complete()
+
+    def passed(self, parity):  # try_wait.parity / test_wait.parity
+        return (self.phase & 1) != parity
