@@ -337,10 +337,30 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
 }
 
 // A streaming warp's fp32 sums of its current row (R tiles x MB blocks of 8 tokens, in mma
-// C-fragment order), and how it leaves them in its row slot for finish_unit.
+// C-fragment order) as it walks its chunks [wb, we) of rows of C chunks, and how it leaves each
+// row's sums in its row slot for finish_unit: start(wb, C), then next_chunk() before each chunk's
+// multiply, then leave(row) for the last row.
 template <int R, int MB>
 struct RowSums {
   float acc[R][MB][4];
+  int64_t row = 0, left = 0, chunks = 0;  // the row of the next chunk, that row's chunks left, C
+
+  __device__ __forceinline__ void start(int64_t wb, int64_t c) {
+    chunks = c;
+    row = wb / c;
+    left = (row + 1) * c - wb;
+    clear();
+  }
+  // Before the next chunk's multiply: where the previous row is done, leaves its sums.
+  __device__ __forceinline__ void next_chunk(uint8_t* slots, int warp, int64_t r_first, int lane) {
+    if (left == 0) {
+      leave(slots, warp, row, r_first, lane);
+      clear();
+      ++row;
+      left = chunks;
+    }
+    --left;
+  }
   __device__ __forceinline__ void clear() {
 #pragma unroll
     for (int r = 0; r < R; ++r)

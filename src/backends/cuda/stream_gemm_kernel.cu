@@ -68,9 +68,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     cp_async_commit();
   };
   RowSums<R, MB> sums;
-  sums.clear();
-  int64_t row = wb / c;  // the compute cursor: the row of chunk j and its chunks left
-  int64_t left = (row + 1) * c - wb;
+  sums.start(wb, c);  // the compute cursor: the row of chunk j and its chunks left
   for (int j = 0; j < stages - 1; ++j) issue(j);
   int stage = 0;  // chunk j's stage
   for (int j = 0; j < n; ++j) {
@@ -81,20 +79,14 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     if constexpr (kTraced) {
       if (j == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
-    if (left == 0) {  // the previous row is done
-      sums.leave(slots, warp, row, r_first, lane);
-      sums.clear();
-      ++row;
-      left = c;
-    }
-    --left;
+    sums.next_chunk(slots, warp, r_first, lane);
     const uint32_t slot = ring + stage * pl.slot_bytes;
     if (++stage == stages) stage = 0;
     Fmt::template mma<MB>(slot, lane, a.m, sums.acc);
   }
   cp_async_wait<0>();
   __syncwarp();
-  sums.leave(slots, warp, row, r_first, lane);
+  sums.leave(slots, warp, sums.row, r_first, lane);
 }
 
 

@@ -222,27 +222,19 @@ __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl,
                                         int64_t we, int64_t r_first, uint8_t* slots, int warp, int lane,
                                         uint32_t* consumed, unsigned long long* trace) {
   RowSums<kNvfp4GroupTiles, MB> sums;
-  sums.clear();
-  const int64_t c = pl.chunks;
-  int64_t row = wb / c, left = (row + 1) * c - wb;  // the row of the next chunk and its chunks left
+  sums.start(wb, pl.chunks);
   for (int64_t x = wb; x < we; ++x) {
     const uint32_t k = (*consumed)++;
     mbar_wait(rings.full(warp, k), rings.parity(k));
     if constexpr (kTraced) {
       if (k == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
-    if (left == 0) {  // the previous row is done
-      sums.leave(slots, warp, row, r_first, lane);
-      sums.clear();
-      ++row;
-      left = c;
-    }
-    --left;
+    sums.next_chunk(slots, warp, r_first, lane);
     Nv::template mma<MB>(rings.stage(warp, k), lane, a.m, sums.acc);
     __syncwarp();  // every lane has read the stage
     if (lane == 0) mbar_arrive(rings.empty(warp, k));
   }
-  sums.leave(slots, warp, row, r_first, lane);
+  sums.leave(slots, warp, sums.row, r_first, lane);
 }
 
 template <int MB, int H, bool kTraced>
