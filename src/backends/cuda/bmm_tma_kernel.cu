@@ -12,6 +12,7 @@
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/driver_api.h"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/persistent_alloc.h"
@@ -673,18 +674,9 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   pl.total_ctas = ctas;
   pl.trace = g_tuning.trace;
   pl.early_copy = g_tuning.early_copy;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = g_tuning.dependent_launch ? 1 : 0;
-  config.attrs = overlap;
-  config.numAttrs = 1;
+  DependentLaunch launch(dim3(ctas), dim3(kThreads), smem_bytes, stream, g_tuning.dependent_launch != 0);
   auto* kernel = pl.trace.buf != nullptr ? bmm_tma_kernel<NT, kNC, true> : bmm_tma_kernel<NT, kNC, false>;
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, maps), "BMM TMA kernel launch");
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, a, pl, maps), "BMM TMA kernel launch");
 }
 
 template <bool kNC>

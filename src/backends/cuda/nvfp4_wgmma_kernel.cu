@@ -6,6 +6,7 @@
 
 #include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_wgmma.h"
@@ -377,17 +378,9 @@ void launch_typed(StreamGemmArgs& a, cudaStream_t stream) {
                                          static_cast<size_t>(blocks_total) * pl.max_segments * L * (NT / 8) * Shape<L>::kThreads);
   pl.counters = s.counters;
   pl.partials = s.partials;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(Shape<L>::kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = overlaps_previous(ctas, max_ctas) ? 1 : 0;
-  config.attrs = overlap;
-  config.numAttrs = 1;
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, nvfp4_wgmma_kernel<NT, H, L>, a, pl), "NVFP4 wgmma kernel launch");
+  DependentLaunch launch(dim3(ctas), dim3(Shape<L>::kThreads), smem_bytes, stream, overlaps_previous(ctas, max_ctas));
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, nvfp4_wgmma_kernel<NT, H, L>, a, pl),
+                         "NVFP4 wgmma kernel launch");
 }
 
 // 64 tokens take two row groups per warpgroup: one would need more than the 128 registers a

@@ -8,6 +8,7 @@
 
 #include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/stream_gemm_device.cuh"
 #include "backends/cuda/stream_gemm_launch.h"
 #include "backends/cuda/stream_scratch.h"
@@ -244,18 +245,9 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.overlapped = t.dependent_launch && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
   pl.prefetch_bytes = t.prefetch_kb > 0 ? t.prefetch_kb << 10 : kPrefetchBytes;
   pl.trace = t.trace;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(W * 32);
-  config.dynamicSmemBytes = ls.smem_bytes;
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
-  config.attrs = overlap;
-  config.numAttrs = 1;
+  DependentLaunch launch(dim3(blocks), dim3(W * 32), ls.smem_bytes, stream, pl.overlapped != 0);
   auto* kernel = pl.trace.buf != nullptr ? stream_gemm_kernel<F, MB, H, W, true> : stream_gemm_kernel<F, MB, H, W, false>;
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl), "streaming GEMM kernel launch");
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, a, pl), "streaming GEMM kernel launch");
 }
 
 template <StreamWeight F, int MB, int H>

@@ -29,6 +29,7 @@
 
 #include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/driver_api.h"
 #include "backends/cuda/stream_gemm_device.cuh"
 #include "backends/cuda/stream_gemm_launch.h"
@@ -358,18 +359,10 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   pl.prefetch_bytes = t.prefetch_kb << 10;  // none by default: the rings' first stages are copied early
   pl.trace = t.trace;
   const CUtensorMap xmap = activation_map(a);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_for(stages);
-  config.stream = stream;
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = pl.overlapped;
-  config.attrs = overlap;
-  config.numAttrs = 1;
+  DependentLaunch launch(dim3(blocks), dim3(kThreads), smem_for(stages), stream, pl.overlapped != 0);
   auto* kernel = pl.trace.buf != nullptr ? stream_gemm_tma_kernel<MB, H, true> : stream_gemm_tma_kernel<MB, H, false>;
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&config, kernel, a, pl, xmap), "streaming GEMM (TMA feed) kernel launch");
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, a, pl, xmap),
+                         "streaming GEMM (TMA feed) kernel launch");
   return true;
 }
 
