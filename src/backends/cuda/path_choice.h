@@ -13,16 +13,17 @@ namespace locus::cuda::detail {
 
 // Runs, on `stream`, the path of `paths` chosen for `key`: each path enqueues one complete call of
 // the op (all of them give the same result up to rounding). The first call for a key times every
-// path (a warm-up, then the best of 3, with events on `stream`; their work is real and the last
-// run is the chosen path's). Inside a capture, or with LOCUS_PATH_AUTOTUNE=0, a key without a
+// path (time_call_ms: a warm-up, then the best of 3 runs with a cold L2; their work is real and
+// the last run is the chosen path's). Inside a capture, or with LOCUS_PATH_AUTOTUNE=0, a key without a
 // choice takes paths[0] untimed (and is not remembered while capturing).
 void run_fastest_path(const std::string& key, const std::vector<std::function<void()>>& paths, cudaStream_t stream);
 
 // The index chosen for `key`, -1 when none is (for tests and benchmarks).
 int chosen_path(const std::string& key);
 
-// Milliseconds of one call of `call` on `stream`: a warm-up, then the best of 3 (CUDA events).
-// Its work is real. cuBLASLt's tactic choice times its candidates with it too.
+// Milliseconds of one call of `call` on `stream`: a warm-up, then the best of 3 (CUDA events),
+// each run after twice the L2 was written over, so that it reads its operands from memory as a
+// decode step does. Its work is real. cuBLASLt's tactic choice times its candidates with it too.
 float time_call_ms(const std::function<void()>& call, cudaStream_t stream);
 
 // Whether `s` is being captured into a CUDA graph (then nothing may be timed or synchronized).
