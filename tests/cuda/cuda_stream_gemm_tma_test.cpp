@@ -3,7 +3,8 @@
 // L2 prefetch), plain, fused
 // SwiGLU (up rows on and off a storage-group boundary), bias, bf16 and fp32 outputs, K tails and
 // partial row groups; bitwise repeatable; captured in a graph and replayed after an in-place
-// reload; and the problems it declines run the cp.async kernel. Chained (programmatic dependent)
+// reload; domain-aware launches over two partitions (work stolen from a domain without SMs); and
+// the problems it declines run the cp.async kernel. Chained (programmatic dependent)
 // launches and the traced form are in cuda_stream_gemm_test.cpp.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -144,6 +145,100 @@ TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
     cuda::nvfp4_gemm(xg, cuda::nvfp4_prepare(host, 0, -1), {}, y, nullptr);
     EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K));
     EXPECT_EQ(cd::stream_gemm_feed_launches(1), tma + (M <= 16 ? 1 : 0)) << "M " << M;
+  }
+}
+
+// Domain-aware launches (two green-context partitions, one NVFP4 shard each) on the TMA feed:
+// plain with bias and fused SwiGLU, eager and captured, replayed after an in-place reload.
+class CudaStreamGemmTmaDomains : public CudaTwoDomains {};
+
+TEST_F(CudaStreamGemmTmaDomains, ShardsInOneLaunchMatchAndReplay) {
+  const uint64_t seed = fresh_seed();
+  TmaFeed feed;
+  for (auto [M, N, K, n0] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 4096, 7168, 2048}, {5, 3072, 2048, 1024},
+                             {16, 1024, 1536, 384}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << M << " N " << N << " K " << K);
+    const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + M);
+    ops::Nvfp4Weight d0 = cuda::nvfp4_prepare(ops::nvfp4_rows(host, 0, n0), 0, 0);
+    ops::Nvfp4Weight d1 = cuda::nvfp4_prepare(ops::nvfp4_rows(host, n0, N), 0, 1);
+    Tensor x = randn({M, K}, DType::kBF16, seed + M + 1);
+    Tensor bias = randn({N}, DType::kFP32, seed + M + 2);
+    const Tensor xg = to_gpu(x), bg = to_gpu(bias);
+    const std::vector<cuda::DomainSlice> sl = {{0, n0, parts_[0].stream}, {n0, N, parts_[1].stream}};
+    Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+    auto run = [&] { ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {d0, d1}, bg, y, false, sl, caller_)); };
+    ASSERT_TRUE(ran_tma(run));  // eager first: scratch and the SM table are made outside the capture
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), N, bias)), fp32_out_gemm_tolerance(K));
+    cuda::Graph graph;
+    graph.begin_capture(caller_);
+    run();
+    run();  // back to back: the second overlaps the first
+    graph.end_capture();
+    ops::Nvfp4Weight host2 = random_nvfp4(N, K, seed + M + 3);
+    host2.global_scale = host.global_scale * 0.5f;
+    cuda::nvfp4_prepare_into(ops::nvfp4_rows(host2, 0, n0), d0);
+    cuda::nvfp4_prepare_into(ops::nvfp4_rows(host2, n0, N), d1);
+    y.fill_nan_();
+    graph.replay(caller_);
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host2), N, bias)), fp32_out_gemm_tolerance(K));
+    // Fused SwiGLU: each shard holds its gate rows, then the matching up rows.
+    const int64_t I = N / 2, i0 = n0 / 2;
+    ops::Nvfp4Weight g0 = random_nvfp4(2 * i0, K, seed + M + 4), g1 = random_nvfp4(2 * (I - i0), K, seed + M + 5);
+    g1.global_scale = g0.global_scale;
+    Tensor ys = poisoned_gpu({M, I}, DType::kBF16);
+    ASSERT_TRUE(ran_tma([&] {
+      ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {cuda::nvfp4_prepare(g0, 0, 0), cuda::nvfp4_prepare(g1, 0, 1)}, {}, ys,
+                                           true, {{0, i0, parts_[0].stream}, {i0, I, parts_[1].stream}}, caller_));
+    }));
+    const auto r0 = ref_swiglu(ref_gemm_dense(x, dequant_ref(g0), 2 * i0), M, i0);
+    const auto r1 = ref_swiglu(ref_gemm_dense(x, dequant_ref(g1), 2 * (I - i0)), M, I - i0);
+    std::vector<double> ref(static_cast<size_t>(M * I));
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
+    EXPECT_LT(rel_error(fetch(ys), ref), bf16_gemm_tolerance(K));
+  }
+}
+
+// Correctness never depends on where CTAs land: with every SM mapped to domain 0 (the table) or
+// no table at all, domain 1's units are all stolen.
+TEST(CudaStreamGemmTma, DomainWithoutSmsIsStolen) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TmaFeed feed;
+  const int64_t M = 4, N = 1024, K = 3072, n0 = 512;
+  Tensor x = randn({M, K}, DType::kBF16, seed);
+  const ops::Nvfp4Weight host = random_nvfp4(N, K, seed + 1);
+  const ops::Nvfp4Weight s0 = cuda::nvfp4_prepare(ops::nvfp4_rows(host, 0, n0), 0, -1);
+  const ops::Nvfp4Weight s1 = cuda::nvfp4_prepare(ops::nvfp4_rows(host, n0, N), 0, -1);
+  const Tensor xg = to_gpu(x);
+  Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
+  for (bool with_table : {true, false}) {
+    Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+    cd::StreamGemmArgs a;
+    a.format = cd::StreamWeight::kNVFP4;
+    a.x = xg.data<uint16_t>();
+    a.x_ld = K;
+    a.m = M;
+    a.k = K;
+    a.y = y.data_ptr();
+    a.y_ld = N;
+    a.y_f32 = true;
+    a.num_parts = 2;
+    a.num_domains = 2;
+    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    for (int p = 0; p < 2; ++p) {
+      const ops::Nvfp4Weight& w = p ? s1 : s0;
+      a.parts[p].w = w.packed.data_ptr();
+      a.parts[p].scales = w.scales.data<uint16_t>();
+      a.parts[p].global_scale = cuda::nvfp4_global_scale_device(w);
+      a.parts[p].rows = static_cast<int32_t>(p ? N - n0 : n0);
+      a.parts[p].y_offset = p ? n0 : 0;
+      a.parts[p].domain = p;
+    }
+    EXPECT_TRUE(ran_tma([&] { cd::launch_stream_gemm(a, nullptr); })) << "with_table " << with_table;
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K))
+        << "with_table " << with_table;
   }
 }
 

@@ -109,8 +109,8 @@ struct StreamGemmTuning {
                              // kernel's tail, prefetching weights); 0: plain stream order
   int prefetch_kb = 0;  // before the previous kernel ends, ask L2 for this many KB of the CTA's
                         // first unit (0: the built-in amount)
-  // How chunks reach shared memory: 0 per-warp cp.async rings; 1 (NVFP4, one domain, M <= 16;
-  // else 0) a TMA producer warp, one CTA per SM in at most half of its memory, so that the next
+  // How chunks reach shared memory: 0 per-warp cp.async rings; 1 (NVFP4, M <= 16; else 0) a
+  // TMA producer warp, one CTA per SM in at most half of its memory, so that the next
   // launch's CTAs sit beside the running ones and fill their rings before it ends
   // (stream_gemm_tma_kernel.cu). `stages` is then each consumer warp's ring depth, 2..6, and
   // `prefetch_kb` what a CTA asks L2 for beyond its rings' early stages (default none).

@@ -48,8 +48,8 @@ int shared_memory_per_sm();
 // The two feeds, for a launch planned by plan_stream_rows on `sms` SMs.
 void launch_stream_gemm_rings(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
                               int sms, cudaStream_t stream);
-// False, launching nothing, where the TMA feed does not take the problem (NVFP4, one domain,
-// M <= 16, the parts' activations are a.x, a device with TMA).
+// False, launching nothing, where the TMA feed does not take the problem (it takes NVFP4 at
+// M <= 16 whose parts' activations are a.x, on a device with TMA).
 bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
                             int sms, cudaStream_t stream);
 

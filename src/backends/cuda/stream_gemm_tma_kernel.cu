@@ -12,17 +12,19 @@
 // follow after it. Copies no longer need the consumers' issue slots, so 8 warps per SM
 // dequantize while ~80-100 KB per SM are in flight.
 //
-// How. The work is the cp.async kernel's, one domain: stream-K units of the rows laid end to end,
-// CTA b taking units b, b + G, ...; consumer warp w multiplies a contiguous 1/8 of each unit's
-// chunks and leaves its row sums in the row slots; the unit ends in the same finish_unit, on a
-// barrier of the consumer warps alone. Each consumer warp has a ring of D stages (2..6), a
+// How. The work is the cp.async kernel's: per domain, stream-K units of its rows laid end to end;
+// with one domain CTA b's first unit is unit b, further units (and every unit with several
+// domains: own domain first, then the others') come from counters (unit_queue.cuh). Lane 0 of the
+// producer warp takes them and hands them to the consumers through shared memory. Consumer warp
+// w multiplies a contiguous 1/8 of each unit's chunks and leaves its row sums in the row slots;
+// the unit ends in the same finish_unit, on a barrier of the consumer warps alone. Each consumer warp has a ring of D stages (2..6), a
 // stage one chunk in the cp.async kernel's stage layout, so that Format::mma reads it: the 2 KB
 // of codes and 256 bytes of scale codes (two bulk copies where the group's 4 tiles are one
 // storage group, else one per tile), then the chunk's activations, an [M, 64] box of x by a
 // tensor copy (zeros past M and K). Lane w of the producer warp fills consumer warp w's ring,
 // across units; full and empty mbarriers per stage. A stage's full barrier expects its weights
-// and activations at once, so the weights of a warp's first D chunks can go in before the
-// previous kernel has ended and the activations after.
+// and activations at once, so (one domain: the first unit is known) the weights of a warp's first
+// D chunks can go in before the previous kernel has ended and the activations after.
 #include <cuda.h>
 
 #include <algorithm>
@@ -47,9 +49,14 @@ using Nv = Format<StreamWeight::kNVFP4>;
 static_assert(Nv::kWeightBytes % kSmemAlign == 0 && Nv::kXRowBytes % kSmemAlign == 0,
               "every stage and its activations start on a 128-byte boundary");
 
+constexpr int kUnitSlots = 2;  // units handed from the producer to the consumers, one ahead
+
 struct TmaSmem {
   uint64_t full[kConsumers][kMaxStages];   // a stage's chunk landed
   uint64_t empty[kConsumers][kMaxStages];  // its warp has read it
+  uint64_t unit_full[kUnitSlots];          // the producer wrote the slot's unit
+  uint64_t unit_empty[kUnitSlots];         // the consumers are done with it
+  int2 units[kUnitSlots];                  // (domain, unit); domain -1: no more
   unsigned last[kMaxUnitRows];             // finish_unit's flags
   unsigned long long* trace;               // this CTA's timeline record, or nullptr
 };
@@ -58,10 +65,10 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// Warp w's chunks [*wb, *we) of unit `unit` (of the rows laid end to end).
-__device__ __forceinline__ void warp_range(const Plan& pl, int64_t unit, int w, int64_t* wb, int64_t* we) {
+// Warp w's chunks [*wb, *we) of `domain`'s unit `unit` (of the domain's rows laid end to end).
+__device__ __forceinline__ void warp_range(const Plan& pl, int domain, int64_t unit, int w, int64_t* wb, int64_t* we) {
   int64_t begin, end;
-  unit_range(pl, 0, unit, &begin, &end);
+  unit_range(pl, domain, unit, &begin, &end);
   *wb = begin + (end - begin) * w / kConsumers;
   *we = begin + (end - begin) * (w + 1) / kConsumers;
 }
@@ -94,6 +101,7 @@ struct ProducerLane {
   // The cursor: the next chunk (of the rows laid end to end), its row and its chunk within the
   // row, and, where the row group's 4 tiles are one storage group, that chunk's codes and scales
   // (nullptr: per-tile copies).
+  int domain = 0;
   int64_t x = 0, row = 0;
   int32_t c = 0;
   const uint8_t* codes = nullptr;
@@ -103,8 +111,8 @@ struct ProducerLane {
   // The storage of the cursor's row (its chunk c), where one stretch holds it.
   __device__ void locate() {
     codes = scales = nullptr;
-    if (row >= pl.rows[0]) return;  // past the last row: nothing more to copy
-    const Segment u = decode_row<H>(a, 0, row);
+    if (row >= pl.rows[domain]) return;  // past the last row: nothing more to copy
+    const Segment u = decode_row<H>(a, domain, row);
     const StreamGemmPart& p = a.parts[u.part];
     const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
     if ((t0 + up) % R != 0 || t0 + R > p.tiles) return;
@@ -141,7 +149,7 @@ struct ProducerLane {
     }
     // Up rows that start inside a storage group, or tiles past the part's end (they read its last
     // tile, valid memory; their outputs are dropped).
-    const Segment u = decode_row<H>(a, 0, row);
+    const Segment u = decode_row<H>(a, domain, row);
     const StreamGemmPart& p = a.parts[u.part];
     const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
 #pragma unroll
@@ -184,26 +192,66 @@ struct ProducerLane {
     prefetch_l2_bulk(scales, static_cast<uint32_t>(n * R * kScaleBytes));
   }
 
-  // Every chunk of warp w's share of the CTA's units. The weights of its first D chunks go in
-  // before the previous kernel has ended (the stages are free), their activations after it. Then
-  // the lane polls its next stage and never blocks, so that no lane's wait can hold up another's
-  // copies, however the warp's lanes converge (a lane whose consumer warp waits at a unit's end
-  // for the other consumers must not be stuck behind a lane that waits for its own consumer).
-  __device__ void run() {
-    int64_t unit = blockIdx.x, wb, we;
-    warp_range(pl, unit, w, &wb, &we);
-    const int64_t early = min(static_cast<int64_t>(pl.stages), we - wb);
-    seek(wb);
-    for (int64_t i = 0; i < early; ++i) issue(false);
-    prefetch_more(we);
-    wait_for_previous_grid();  // the activations may be its outputs
-    seek(wb);
-    for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
-    while (true) {
+  // Lane 0 hands unit `u` of `d` (d = -1: none left) to the consumers through unit slot
+  // `*handed` % kUnitSlots, once they are done with the unit that slot held before.
+  __device__ void hand_over(int d, int u, uint32_t* handed) const {
+    if (w != 0) return;
+    const int j = static_cast<int>(*handed % kUnitSlots);
+    if (*handed >= kUnitSlots) mbar_wait(shared_address(&s().unit_empty[j]), ((*handed / kUnitSlots) - 1) & 1);
+    s().units[j] = make_int2(d, u);
+    mbar_arrive(shared_address(&s().unit_full[j]));  // release: the consumers see the unit
+    ++*handed;
+  }
+  __device__ TmaSmem& s() const { return rings.s; }
+
+  // Every chunk of warp w's share of the CTA's units, which lane 0 takes (own domain first, then
+  // the others': unit_queue.cuh) and hands to the consumers. With one domain a CTA's first unit
+  // is its block index, known before the previous kernel has ended: the weights of its first D
+  // chunks go in before that (the stages are free), their activations after it. With several,
+  // units come from counters the previous kernel leaves, so the first is taken after the wait.
+  // Between units the lanes meet (__syncwarp) for lane 0's answer; otherwise a lane polls its next
+  // stage and never blocks, so that no lane's wait holds up another's copies however the warp's
+  // lanes converge (a lane whose consumer warp waits at a unit's end for the other consumers must
+  // not be stuck behind a lane that waits for its own consumer).
+  __device__ void run(int home) {
+    constexpr unsigned kLanes = (1u << kConsumers) - 1;
+    UnitQueue<Plan> q{pl, a.num_domains, home};
+    uint32_t handed = 0;
+    int u = 0;
+    int64_t wb = 0, we = 0, early = 0;
+    domain = -1;
+    if (pl.static_first) {  // one domain: unit blockIdx.x
+      domain = 0;
+      u = static_cast<int>(blockIdx.x);
+      warp_range(pl, domain, u, w, &wb, &we);
+      early = min(static_cast<int64_t>(pl.stages), we - wb);
+      seek(wb);
+      for (int64_t i = 0; i < early; ++i) issue(false);
+      prefetch_more(we);
+    }
+    wait_for_previous_grid();  // the activations may be its outputs; the counters its leftovers
+    if (pl.static_first) {
+      seek(wb);
+      for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
+    } else {
+      if (w == 0) q.take(&domain, &u);
+      domain = __shfl_sync(kLanes, domain, 0);
+      u = __shfl_sync(kLanes, u, 0);
+      if (domain >= 0) {
+        warp_range(pl, domain, u, w, &wb, &we);
+        seek(wb);
+      }
+    }
+    hand_over(domain, u, &handed);
+    while (domain >= 0) {
       if (x == we) {  // the unit's chunks are in: the CTA's next unit
-        unit += gridDim.x;
-        if (unit >= pl.units[0]) break;
-        warp_range(pl, unit, w, &wb, &we);
+        __syncwarp(kLanes);
+        if (w == 0) q.take(&domain, &u);
+        domain = __shfl_sync(kLanes, domain, 0);
+        u = __shfl_sync(kLanes, u, 0);
+        hand_over(domain, u, &handed);
+        if (domain < 0) break;
+        warp_range(pl, domain, u, w, &wb, &we);
         seek(wb);
       } else if (stage_free()) {
         issue(true);
@@ -255,6 +303,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         mbar_init(shared_address(&s.full[w][i]), 1);
         mbar_init(shared_address(&s.empty[w][i]), 1);
       }
+    for (int j = 0; j < kUnitSlots; ++j) {
+      mbar_init(shared_address(&s.unit_full[j]), 1);
+      mbar_init(shared_address(&s.unit_empty[j]), 1);
+    }
     mbar_init_fence();
     s.trace = kTraced ? open_trace_record(pl.trace, kStreamTraceWords) : nullptr;
   }
@@ -262,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   launch_dependents();
   if (warp == kConsumers) {  // the producer warp: lane w feeds consumer warp w
     if (lane == 0) prefetch_tensor_map(&xmap);
-    if (lane < kConsumers) ProducerLane<H>{a, pl, &xmap, rings, lane}.run();
+    if (lane < kConsumers) ProducerLane<H>{a, pl, &xmap, rings, lane}.run(home_domain(a.sm_domain, a.num_domains, kNoDomain));
     return;
   }
   // Thread 0 stamps word w of the CTA's timeline record (traced launches only).
@@ -274,18 +326,23 @@ __global__ void __launch_bounds__(kThreads, 2)
   wait_for_previous_grid();  // before the counters, partials or outputs are touched
   mark(kStreamTraceWaited);
   uint32_t consumed = 0;
-  for (int64_t unit = blockIdx.x; unit < pl.units[0]; unit += gridDim.x) {
+  for (uint32_t taken = 0;; ++taken) {  // the units the producer hands over, in order
+    const int j = static_cast<int>(taken % kUnitSlots);
+    mbar_wait(shared_address(&s.unit_full[j]), (taken / kUnitSlots) & 1);
+    const int domain = s.units[j].x, unit = s.units[j].y;
+    if (domain < 0) break;
     int64_t begin, end, wb, we;
-    unit_range(pl, 0, unit, &begin, &end);
-    warp_range(pl, unit, warp, &wb, &we);
+    unit_range(pl, domain, unit, &begin, &end);
+    warp_range(pl, domain, unit, warp, &wb, &we);
     if (we > wb)
       consume<MB, kTraced>(a, pl, rings, wb, we, begin / pl.chunks, slots, warp, lane, &consumed,
-                              kTraced && warp == 0 ? s.trace : nullptr);
+                           kTraced && warp == 0 ? s.trace : nullptr);
     unit_barrier<kConsumers, true>();
     mark(kStreamTraceStreamed);
-    finish_unit<StreamWeight::kNVFP4, MB, H, kConsumers, true>(a, pl, 0, static_cast<int>(unit), begin, end, slots,
-                                                              warp, lane, s.last);
+    finish_unit<StreamWeight::kNVFP4, MB, H, kConsumers, true>(a, pl, domain, unit, begin, end, slots, warp, lane,
+                                                              s.last);  // ends with a barrier: the slot was read
     mark(kStreamTraceEnd);
+    if (threadIdx.x == 0) mbar_arrive(shared_address(&s.unit_empty[j]));
   }
 }
 
@@ -340,14 +397,24 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
 
   Plan pl{};
   pl.chunks = static_cast<int32_t>(work.chunks);
-  pl.rows[0] = work.rows[0];
   const int forced = t.units_per_cta;  // < 0 whole rows, > 0 stream-K with that many per CTA
   const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, sms, W, H);
-  const int64_t units = rows_whole ? work.rows[0] : stream_k_units(work, 0, sms, W, std::max(forced, 1), rows_per_unit);
-  pl.units[0] = static_cast<int32_t>(units);
+  int64_t all_units = 0;
+  for (int d = 0; d < a.num_domains; ++d) {
+    pl.rows[d] = work.rows[d];
+    if (work.chunks_of(d) == 0) continue;
+    const int64_t units =
+        rows_whole ? work.rows[d] : stream_k_units(work, d, sms, W, std::max(forced, 1), rows_per_unit);
+    pl.units[d] = static_cast<int32_t>(units);
+    all_units += units;
+  }
   pl.max_segments = stream_max_segments(work, pl.units);
-  const int blocks = static_cast<int>(std::min<int64_t>(sms, units));
+  const int blocks = static_cast<int>(std::min<int64_t>(sms, all_units));
   pl.total_ctas = blocks;
+  // One domain: CTA b's first unit is unit b; more units than CTAs (or several domains) come
+  // from the counters.
+  pl.static_first = a.num_domains == 1 ? 1 : 0;
+  pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
   StreamScratch scratch = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
                                          std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
   pl.counters = scratch.counters;
@@ -377,7 +444,7 @@ bool launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
 
 bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
                             int sms, cudaStream_t stream) {
-  if (a.format != StreamWeight::kNVFP4 || a.num_domains != 1 || a.m > 16 || !device_has_tma()) return false;
+  if (a.format != StreamWeight::kNVFP4 || a.m > 16 || !device_has_tma()) return false;
   for (int i = 0; i < a.num_parts; ++i)
     if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
   const StreamGemmTuning t = stream_gemm_tuning();
