@@ -4,8 +4,8 @@
 // launch's CTAs start only as these leave, and every launch pays its ring fill, its partial sums
 // and its slowest CTA with nothing overlapping them: about 11 of the 33 us of 18432 x 7168 at
 // M = 1 (the timeline in docs/benchmarks.md, tenth session). Here a CTA is 8 consumer warps and
-// one producer warp in at most half an SM (at most 112 registers per thread and, where it fits,
-// half the shared memory), one CTA per SM per launch. So the next launch's CTAs are resident
+// one producer warp in at most half an SM (at most 96 registers per thread, the launch bounds'
+// cap, and, where it fits, half the shared memory), one CTA per SM per launch. So the next launch's CTAs are resident
 // while this one streams, and their producers copy their first chunks of weights before this
 // launch ends (weights are never outputs of the kernel before: module weights, and in-place
 // reloads write them by copies, which a dependent launch does not overlap); the activations
