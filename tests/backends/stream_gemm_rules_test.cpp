@@ -111,6 +111,45 @@ TEST(StreamGemmRules, OneUnitPerSmWhereUnitsMayTouchTheirRows) {
   }
 }
 
+// The stream-K arithmetic both kernels share: the ranges tile [0, T) in order, stream_k_unit_of
+// inverts them, and no row of C chunks meets more units than the partial slots the launch sizes
+// (stream_max_segments), for random rows, row lengths and unit counts over 1-3 domains.
+TEST(StreamGemmRules, StreamKUnitsTileTheWorkAndFitThePartialSlots) {
+  std::mt19937_64 rng(20261204);
+  for (int trial = 0; trial < 2000; ++trial) {
+    StreamRows w;
+    w.chunks = 1 + static_cast<int64_t>(rng() % 120);
+    w.num_domains = 1 + static_cast<int>(rng() % 3);
+    int32_t units[kStreamRulesMaxDomains] = {};
+    for (int d = 0; d < w.num_domains; ++d) {
+      w.rows[d] = static_cast<int32_t>(rng() % 40);  // a domain may have no rows
+      if (w.chunks_of(d) > 0) units[d] = static_cast<int32_t>(1 + rng() % w.chunks_of(d));
+    }
+    const int32_t slots = stream_max_segments(w, units);
+    for (int d = 0; d < w.num_domains; ++d) {
+      const int64_t t = w.chunks_of(d);
+      if (t == 0) continue;
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " C " << w.chunks << " rows " << w.rows[d] << " units "
+                                        << units[d]);
+      int64_t expect_begin = 0;
+      for (int64_t u = 0; u < units[d]; ++u) {
+        int64_t begin, end;
+        stream_k_range(t, units[d], u, &begin, &end);
+        ASSERT_EQ(begin, expect_begin);
+        ASSERT_LT(begin, end) << "unit " << u << " is empty";
+        for (int64_t x : {begin, end - 1}) ASSERT_EQ(stream_k_unit_of(t, units[d], x), u) << "chunk " << x;
+        expect_begin = end;
+      }
+      ASSERT_EQ(expect_begin, t);
+      for (int64_t r = 0; r < w.rows[d]; ++r) {
+        const int64_t meets =
+            stream_k_unit_of(t, units[d], r * w.chunks + w.chunks - 1) - stream_k_unit_of(t, units[d], r * w.chunks) + 1;
+        ASSERT_LE(meets, slots) << "row " << r;
+      }
+    }
+  }
+}
+
 TEST(StreamGemmRules, RingDepthKeepsTwoCtasPerSmWhereItCan) {
   const int nvfp4_chunk = 4 * (512 + 64);
   // M = 1: a stage is the chunk plus one 128-byte activation row; 10 row slots of 4 tiles.

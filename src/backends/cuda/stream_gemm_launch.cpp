@@ -61,16 +61,6 @@ StreamRows plan_stream_rows(StreamGemmArgs& a, int h, int64_t* groups_total, int
   return work;
 }
 
-int32_t stream_max_segments(const StreamRows& work, const int32_t* units) {
-  int32_t segments = 1;
-  for (int d = 0; d < work.num_domains; ++d) {
-    const int64_t t = work.chunks_of(d);
-    if (t == 0 || units[d] == 0) continue;
-    segments = std::max<int32_t>(segments, static_cast<int32_t>((work.chunks - 1) / (t / units[d]) + 2));
-  }
-  return segments;
-}
-
 int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, int smem_bytes) {
   static std::mutex mu;
   static std::map<const void*, int> max_dynamic;             // per kernel: its dynamic shared-memory limit

@@ -33,10 +33,6 @@ StreamGemmTuning stream_gemm_tuning();
 // slot_row_base; *groups_total and *rows_total count every part's row groups and rows.
 StreamRows plan_stream_rows(StreamGemmArgs& a, int h, int64_t* groups_total, int64_t* rows_total);
 
-// Partial slots per row: units are at least floor(T / U) chunks long, so a row of C chunks meets
-// at most ceil(C / that) + 1 of them (the largest over the domains with units[d] > 0).
-int32_t stream_max_segments(const StreamRows& work, const int32_t* units);
-
 // Resident CTAs per SM of `kernel` (`threads` per CTA) at `smem_bytes` of dynamic shared memory,
 // cached per kernel and size; 0 when one CTA does not fit. The first call for a kernel raises its
 // dynamic shared-memory limit to what the device allows, for `traced` (its traced form, which

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/float_convert.h"  // LOCUS_HD
+
 namespace locus::cuda::detail {
 
 constexpr int kStreamRulesMaxDomains = 8;  // = kStreamGemmMaxDomains
@@ -50,6 +52,27 @@ inline int unit_rows_one_per_cta(const StreamRows& w, int ctas, int warps) {
   const int64_t unit = (w.chunks_total() + ctas - 1) / std::max(1, ctas);
   const int64_t rows = std::max<int64_t>(unit_rows(w, warps), (unit - 1 + c - 1) / c + 1);
   return static_cast<int>(std::clamp<int64_t>(rows, kMinUnitRows, kMaxUnitRows));
+}
+
+// Stream-K: T chunks of work laid end to end, cut into `units` (<= T) ranges of equal length.
+// Unit u covers chunks [T u / U, T (u + 1) / U); chunk x lies in unit ((x + 1) U - 1) / T.
+// (Host and device: the kernels and the CPU tests use the same arithmetic.)
+LOCUS_HD int64_t stream_k_unit_of(int64_t t, int64_t units, int64_t x) { return ((x + 1) * units - 1) / t; }
+LOCUS_HD void stream_k_range(int64_t t, int64_t units, int64_t u, int64_t* begin, int64_t* end) {
+  *begin = t * u / units;
+  *end = t * (u + 1) / units;
+}
+
+// Partial slots per row: units are at least floor(T / U) chunks long, so a row of C chunks meets
+// at most ceil(C / that) + 1 of them (the largest over the domains with units[d] > 0).
+inline int32_t stream_max_segments(const StreamRows& work, const int32_t* units) {
+  int32_t segments = 1;
+  for (int d = 0; d < work.num_domains; ++d) {
+    const int64_t t = work.chunks_of(d);
+    if (t == 0 || units[d] == 0) continue;
+    segments = std::max<int32_t>(segments, static_cast<int32_t>((work.chunks - 1) / (t / units[d]) + 2));
+  }
+  return segments;
 }
 
 // Stream-K: a domain's T = rows * C chunks cut into units of equal length, about `per_cta` per

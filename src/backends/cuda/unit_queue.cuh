@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cuda/stream_gemm_rules.h"  // stream_k_unit_of, stream_k_range
+
 namespace locus::cuda::detail {
 
 // Programmatic dependent launch (sm_90): let the next kernel in the stream start launching (its
@@ -11,16 +13,6 @@ namespace locus::cuda::detail {
 // writes are visible (immediate when it has, or when the launch was not programmatic).
 __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
-// Stream-K: T chunks of work laid end to end, cut into `units` (<= T) ranges of equal length.
-// Unit u covers chunks [T u / U, T (u + 1) / U); chunk x lies in unit ((x + 1) U - 1) / T.
-__device__ __forceinline__ int64_t stream_k_unit_of(int64_t t, int64_t units, int64_t x) {
-  return ((x + 1) * units - 1) / t;
-}
-__device__ __forceinline__ void stream_k_range(int64_t t, int64_t units, int64_t u, int64_t* begin, int64_t* end) {
-  *begin = t * u / units;
-  *end = t * (u + 1) / units;
-}
 
 // Thread 0's source of units: each domain's counter hands out the domain's units in order (after
 // the first total_ctas when they were taken statically). A CTA stops once every domain has
