@@ -13,7 +13,7 @@
 //   first   when a consumer group's first weight slot landed (median and last over the CTAs);
 //   end     when a CTA's outputs were written (median and last: the launch's span);
 //   next    when the next launch's first CTA started (the period; minus the span: the gap).
-// usage: cuda_bmm_timeline_bench [--m M1,M2,..] [--split backfill|aligned] [--bmm-tuning S,R,P,L,C,E]
+// usage: cuda_bmm_timeline_bench [--m M1,M2,..] [--split backfill|aligned] [--bmm-tuning S,R,P,L,C,E,B]
 // (--bmm-tuning: the kernel's knobs, as in cuda_gemm_bench)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>

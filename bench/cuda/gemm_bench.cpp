@@ -24,11 +24,12 @@
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E]
+// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B]
 //                        [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
 // (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
 // BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
-// CTAs per SM and early weight copies, as in BmmTmaTuning (0 = the default for the first two). --m: the
+// CTAs per SM, early weight copies and room for the next launch, as in BmmTmaTuning (0 = the
+// default for the first two). --m: the
 // M values of the table and the BMM rows. --tuning: the
 // streaming kernel's units per CTA, warps per CTA, ring depth, dependent launch (1/0), KB asked of
 // L2 before the previous kernel ends, feed (0 cp.async rings, 1 TMA producer), for the table, as in
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }

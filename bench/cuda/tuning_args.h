@@ -1,7 +1,8 @@
 // The device benchmarks' kernel-knob options; fields left out keep their defaults:
-//   --bmm-tuning S[,R[,P[,L[,C[,E]]]]]  the TMA BMM (BmmTmaTuning): units per head, ring slots,
-//                                      dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per SM
-//                                      unpartitioned, slots copied early;
+//   --bmm-tuning S[,R[,P[,L[,C[,E[,B]]]]]]  the TMA BMM (BmmTmaTuning): units per head, ring
+//                                      slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs
+//                                      per SM unpartitioned, slots copied early, ring sized to
+//                                      leave room for the next launch 1/0;
 //   --tuning U,W[,S[,P[,F[,T]]]]       the streaming GEMM (StreamGemmTuning): units per CTA, warps
 //                                      per CTA, ring depth, dependent launch 1/0, KB asked of L2
 //                                      before the previous kernel ends, feed (0 cp.async rings,
@@ -16,13 +17,13 @@
 namespace locus::bench {
 
 constexpr const char* kBmmTuningHelp =
-    "S[,R[,P[,L[,C[,E]]]]] (units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per SM "
-    "unpartitioned, slots copied early)";
+    "S[,R[,P[,L[,C[,E[,B]]]]]] (units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per "
+    "SM unpartitioned, slots copied early, room for the next launch 1/0)";
 
 // False (after saying why on stderr) when `arg` is not of that form.
 inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning* t) {
-  if (std::sscanf(arg.c_str(), "%d,%d,%d,%d,%d,%d", &t->splits, &t->slots, &t->dependent_launch, &t->l2_promotion,
-                  &t->ctas_per_sm, &t->early_copy) >= 1)
+  if (std::sscanf(arg.c_str(), "%d,%d,%d,%d,%d,%d,%d", &t->splits, &t->slots, &t->dependent_launch, &t->l2_promotion,
+                  &t->ctas_per_sm, &t->early_copy, &t->beside_next) >= 1)
     return true;
   std::fprintf(stderr, "--bmm-tuning must be %s, got '%s'\n", kBmmTuningHelp, arg.c_str());
   return false;

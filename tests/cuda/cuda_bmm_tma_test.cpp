@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/bmm_tma.h"
@@ -434,16 +435,19 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
       TwoDomainProblem pb(sh.heads, M, sh.n, sh.k, sh.heads / 2);
       const cuda::detail::BmmTmaArgs whole = pb.whole();
       Tensor first;  // the first result, which every other must equal bitwise
-      for (const int mode : {0, 2, 8})
+      // Early copies of 0, 2 and 8 slots; and 2 with the ring sized for the next launch beside.
+      for (const auto [mode, beside] : {std::pair{0, 0}, {2, 0}, {8, 0}, {2, 1}})
         for (const int form : {0, 1, 2}) {  // whole, true ranks, colliding ranks
           cuda::detail::BmmTmaTuning tuning;
           tuning.early_copy = mode;
+          tuning.beside_next = beside;
           cuda::detail::set_bmm_tma_tuning(tuning);
           const Tensor tables = form == 2 ? set_rank_tables(pb.args, sms, domain_0, one_of_four)
                                           : set_rank_tables(pb.args, sms, sm_parity, half_sm);
           const cuda::detail::BmmTmaArgs& a = form == 0 ? whole : pb.args;
           const std::string what = std::to_string(sh.n) + " x " + std::to_string(sh.k) + " M " + std::to_string(M) +
-                                   " mode " + std::to_string(mode) + " form " + std::to_string(form);
+                                   " mode " + std::to_string(mode) + (beside ? " beside next" : "") + " form " +
+                                   std::to_string(form);
           const cuda::Graph graph = launches_graph(a, 6, caller_);
           for (int rep = 0; rep < 3; ++rep) {
             pb.check([&] { rep == 0 ? cuda::detail::launch_bmm_tma(a, caller_) : graph.replay(caller_); }, caller_,

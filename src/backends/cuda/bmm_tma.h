@@ -106,6 +106,10 @@ struct BmmTmaTuning {
   int early_copy = 2;        // before the previous kernel ends, copy the first units into the ring,
                              // whole, until this many slots are filled (at most the ring; the
                              // default: one per consumer group); 0: only ask L2 for the first unit
+  int beside_next = 0;       // 1: size the ring for half an SM (still one CTA per SM), so that the
+                             // next launch's CTAs are resident beside these and copy early (as
+                             // the streaming GEMM's TMA feed); where that leaves no room for
+                             // two slots, the usual size
   // A timeline of the launches (bench/cuda/bmm_timeline_bench.cpp; records of BmmTraceWord), or off.
   CtaTrace trace;
 };

@@ -565,18 +565,10 @@ int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 int ctas_per_sm(const BmmTmaArgs& a) { return a.num_domains == 1 && g_tuning.ctas_per_sm > 1 ? g_tuning.ctas_per_sm : 1; }
 
-// Slot and buffer sizes for the problem; slots < kConsumerGroups when it does not fit the device.
-BmmPlan size_plan(const BmmTmaArgs& a, int device) {
-  BmmPlan pl{};
-  pl.k_pad = (a.k + kBoxK - 1) / kBoxK * kBoxK;
-  const int kn_boxes = (pl.k_pad + kMaxKnBoxRows - 1) / kMaxKnBoxRows;
-  pl.kn_box_rows = pl.k_pad / kn_boxes;  // a multiple of 32: k_pad is of 64 and kn_boxes <= 2
-  pl.slot_bytes = kSlotRows * pl.k_pad * 2;
-  pl.x_bytes = 8 * m_groups(a.m) * pl.k_pad * 2;
-  pl.out_bytes = 8 * m_groups(a.m) * 64 * (a.y_f32 ? 4 : 2);
-  // One CTA per SM, or (benchmark knob, one domain only) several sharing its memory and the
-  // 128 KB in flight; 1024: alignment slack (and the runtime's share per CTA when several).
-  const int per_sm = ctas_per_sm(a);
+// The ring, x buffers and staging buffers of `pl` for `per_sm` CTAs sharing an SM's memory and
+// the 128 KB in flight; pl->slots < kConsumerGroups when they do not fit.
+void size_ring(const BmmTmaArgs& a, int device, int per_sm, BmmPlan* plan) {
+  BmmPlan& pl = *plan;
   const int room = per_sm == 1 ? optin_smem(device)
                                 : device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor) / per_sm - 1024;
   // Two staging buffers per group, or one where two leave no room for two slots (K = 512 with
@@ -593,6 +585,25 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
     // previous fill was one it consumed itself (and so has landed). With 3 slots, a group waiting
     // for item i could take the unlanded fill of item i - 3, the other group's, for its own.
     pl.slots -= pl.slots % kConsumerGroups;
+    if (pl.slots >= kConsumerGroups) break;
+  }
+}
+
+// Slot and buffer sizes for the problem; slots < kConsumerGroups when it does not fit the device.
+BmmPlan size_plan(const BmmTmaArgs& a, int device) {
+  BmmPlan pl{};
+  pl.k_pad = (a.k + kBoxK - 1) / kBoxK * kBoxK;
+  const int kn_boxes = (pl.k_pad + kMaxKnBoxRows - 1) / kMaxKnBoxRows;
+  pl.kn_box_rows = pl.k_pad / kn_boxes;  // a multiple of 32: k_pad is of 64 and kn_boxes <= 2
+  pl.slot_bytes = kSlotRows * pl.k_pad * 2;
+  pl.x_bytes = 8 * m_groups(a.m) * pl.k_pad * 2;
+  pl.out_bytes = 8 * m_groups(a.m) * 64 * (a.y_f32 ? 4 : 2);
+  // One CTA per SM, or (benchmark knob, one domain only) several sharing its memory and the
+  // 128 KB in flight; 1024: alignment slack (and the runtime's share per CTA when several).
+  // BmmTmaTuning::beside_next sizes for twice as many (the next launch's CTAs beside these) and
+  // falls back to the usual size where that leaves no room for two slots.
+  for (const int per_sm : {ctas_per_sm(a) * (g_tuning.beside_next ? 2 : 1), ctas_per_sm(a)}) {
+    size_ring(a, device, per_sm, &pl);
     if (pl.slots >= kConsumerGroups) break;
   }
   return pl;
