@@ -34,7 +34,7 @@ if ((sanitize)); then
   SAN=/usr/local/cuda/bin/compute-sanitizer
   for tool in memcheck synccheck; do
     timeout 240 "$SAN" --tool "$tool" --error-exitcode 9 "$CARRY/locus_cuda_tests" --gtest_brief=1 \
-      --gtest_filter='CudaStreamGemmTma.*' > "$OUT/sanitizer_$tool.log" 2>&1
+      --gtest_filter='CudaStreamGemmTma*' > "$OUT/sanitizer_$tool.log" 2>&1
     note "compute-sanitizer $tool (TMA feed tests): exit $?, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   done
 fi
