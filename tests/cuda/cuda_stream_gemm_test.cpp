@@ -356,12 +356,7 @@ TEST_F(CudaStreamDomains, Nvfp4SwigluShardsInOneLaunch) {
   Tensor y = poisoned_gpu({M, I}, DType::kBF16);
   ASSERT_TRUE(cuda::nvfp4_gemm_domains(to_gpu(x), {cuda::nvfp4_prepare(s0, 0, 0), cuda::nvfp4_prepare(s1, 0, 1)}, {}, y,
                                        true, slices(i0, I), caller_));
-  const auto r0 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s0), 2 * i0), M, i0);
-  const auto r1 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s1), 2 * (I - i0)), M, I - i0);
-  std::vector<double> ref(static_cast<size_t>(M * I));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
-  EXPECT_LT(rel_error(fetch(y), ref), bf16_gemm_tolerance(K));
+  EXPECT_LT(rel_error(fetch(y), ref_swiglu_two_shards(x, s0, s1, i0, I)), bf16_gemm_tolerance(K));
 }
 
 // The MLA absorbed products: activations and outputs are [T, H, D] buffers viewed as [H, T, D].
@@ -400,23 +395,11 @@ TEST(CudaStreamGemm, DomainWithoutSmsIsStolen) {
   Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
   for (bool with_table : {true, false}) {
     Tensor y = poisoned_gpu({M, N}, DType::kBF16);
-    cuda::detail::StreamGemmArgs a;
-    a.format = cuda::detail::StreamWeight::kBF16;
-    a.x = xg.data<uint16_t>();
-    a.x_ld = K;
-    a.m = M;
-    a.k = K;
-    a.y = y.data_ptr();
-    a.y_ld = N;
-    a.num_parts = 2;
-    a.num_domains = 2;
-    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    cuda::detail::StreamGemmArgs a =
+        two_domain_args(cuda::detail::StreamWeight::kBF16, xg, y, n0, with_table ? table.data<uint8_t>() : nullptr);
     for (int p = 0; p < 2; ++p) {
       a.parts[p].w = (p ? s1 : s0).data_ptr();
       a.parts[p].ldw = K;
-      a.parts[p].rows = static_cast<int32_t>(p ? N - n0 : n0);
-      a.parts[p].y_offset = p ? n0 : 0;
-      a.parts[p].domain = p;
     }
     cuda::detail::launch_stream_gemm(a, nullptr);
     EXPECT_LT(rel_error(fetch(y), ref_gemm(x, w)), bf16_gemm_tolerance(K)) << "with_table " << with_table;

@@ -190,12 +190,7 @@ TEST_F(CudaStreamGemmTmaDomains, ShardsInOneLaunchMatchAndReplay) {
       ASSERT_TRUE(cuda::nvfp4_gemm_domains(xg, {cuda::nvfp4_prepare(g0, 0, 0), cuda::nvfp4_prepare(g1, 0, 1)}, {}, ys,
                                            true, {{0, i0, parts_[0].stream}, {i0, I, parts_[1].stream}}, caller_));
     }));
-    const auto r0 = ref_swiglu(ref_gemm_dense(x, dequant_ref(g0), 2 * i0), M, i0);
-    const auto r1 = ref_swiglu(ref_gemm_dense(x, dequant_ref(g1), 2 * (I - i0)), M, I - i0);
-    std::vector<double> ref(static_cast<size_t>(M * I));
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
-    EXPECT_LT(rel_error(fetch(ys), ref), bf16_gemm_tolerance(K));
+    EXPECT_LT(rel_error(fetch(ys), ref_swiglu_two_shards(x, g0, g1, i0, I)), bf16_gemm_tolerance(K));
   }
 }
 
@@ -215,26 +210,13 @@ TEST(CudaStreamGemmTma, DomainWithoutSmsIsStolen) {
   Tensor table = Tensor::zeros({1024}, DType::kU8, Device::cuda(0));
   for (bool with_table : {true, false}) {
     Tensor y = poisoned_gpu({M, N}, DType::kFP32);
-    cd::StreamGemmArgs a;
-    a.format = cd::StreamWeight::kNVFP4;
-    a.x = xg.data<uint16_t>();
-    a.x_ld = K;
-    a.m = M;
-    a.k = K;
-    a.y = y.data_ptr();
-    a.y_ld = N;
-    a.y_f32 = true;
-    a.num_parts = 2;
-    a.num_domains = 2;
-    a.sm_domain = with_table ? table.data<uint8_t>() : nullptr;
+    cd::StreamGemmArgs a =
+        two_domain_args(cd::StreamWeight::kNVFP4, xg, y, n0, with_table ? table.data<uint8_t>() : nullptr);
     for (int p = 0; p < 2; ++p) {
       const ops::Nvfp4Weight& w = p ? s1 : s0;
       a.parts[p].w = w.packed.data_ptr();
       a.parts[p].scales = w.scales.data<uint16_t>();
       a.parts[p].global_scale = cuda::nvfp4_global_scale_device(w);
-      a.parts[p].rows = static_cast<int32_t>(p ? N - n0 : n0);
-      a.parts[p].y_offset = p ? n0 : 0;
-      a.parts[p].domain = p;
     }
     EXPECT_TRUE(ran_tma([&] { cd::launch_stream_gemm(a, nullptr); })) << "with_table " << with_table;
     EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), N, Tensor())), fp32_out_gemm_tolerance(K))

@@ -12,6 +12,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/stream_gemm.h"
 #include "ops/nvfp4.h"
 #include "test_util.h"
 
@@ -77,6 +78,45 @@ inline std::vector<double> dequant_ref(const ops::Nvfp4Weight& w) {
                          static_cast<double>(w.global_scale);
     }
   return out;
+}
+
+// Streaming-GEMM arguments (backends/cuda/stream_gemm.h) for x [M, K] (bf16, contiguous, on the
+// GPU) times two weight parts over two domains into y [M, N] (contiguous): part 0 gives columns
+// [0, n0), part 1 [n0, N); `sm_domain` as StreamGemmArgs::sm_domain. The parts' weights are the
+// caller's to fill.
+inline cuda::detail::StreamGemmArgs two_domain_args(cuda::detail::StreamWeight format, const Tensor& x, const Tensor& y,
+                                                    int64_t n0, const uint8_t* sm_domain) {
+  cuda::detail::StreamGemmArgs a;
+  a.format = format;
+  a.x = x.data<uint16_t>();
+  a.x_ld = x.size(1);
+  a.m = static_cast<int32_t>(x.size(0));
+  a.k = x.size(1);
+  a.y = y.data_ptr();
+  a.y_ld = y.size(1);
+  a.y_f32 = y.dtype() == DType::kFP32;
+  a.num_parts = 2;
+  a.num_domains = 2;
+  a.sm_domain = sm_domain;
+  for (int p = 0; p < 2; ++p) {
+    a.parts[p].rows = static_cast<int32_t>(p ? y.size(1) - n0 : n0);
+    a.parts[p].y_offset = p ? n0 : 0;
+    a.parts[p].domain = p;
+  }
+  return a;
+}
+
+// fp64 SwiGLU outputs [M, I] of x through two fused NVFP4 gate/up shards (each its gate rows,
+// then the matching up rows): s0 gives columns [0, i0), s1 columns [i0, I).
+inline std::vector<double> ref_swiglu_two_shards(const Tensor& x, const ops::Nvfp4Weight& s0,
+                                                 const ops::Nvfp4Weight& s1, int64_t i0, int64_t I) {
+  const int64_t M = x.size(0);
+  const auto r0 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s0), 2 * i0), M, i0);
+  const auto r1 = ref_swiglu(ref_gemm_dense(x, dequant_ref(s1), 2 * (I - i0)), M, I - i0);
+  std::vector<double> ref(static_cast<size_t>(M * I));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < I; ++i) ref[m * I + i] = i < i0 ? r0[m * i0 + i] : r1[m * (I - i0) + i - i0];
+  return ref;
 }
 
 // fp64 reference of y[h] = a[h] w[h]^T for a [H, M, K] and per-head weights w [H, N, K] (CPU).

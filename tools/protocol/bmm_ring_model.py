@@ -16,7 +16,7 @@ usage: tools/protocol/bmm_ring_model.py [--groups G] [--seeds N]
 import random
 import sys
 
-from mbarrier_model import Barrier
+from mbarrier_model import Barrier, interleave
 
 
 def run(slots, groups, warps, x_buffers, unit_slots, rng, early=0):
@@ -108,21 +108,13 @@ def run(slots, groups, warps, x_buffers, unit_slots, rng, early=0):
                 x_empty[slot["xb"]].arrive(slot["releases"])
             item += groups
 
+    def land(copy):
+        barrier, holds, index, value = copy
+        holds[index] = value
+        barrier.land(1)
+
     actors = [producer()] + [warp(g) for g in range(groups) for _ in range(warps)]
-    for _ in range(200000):
-        if not actors and not in_flight:
-            return None
-        k = rng.randrange(len(actors) + len(in_flight))
-        if k < len(actors):
-            try:
-                next(actors[k])
-            except StopIteration:
-                actors.pop(k)
-        else:
-            barrier, holds, index, value = in_flight.pop(k - len(actors))
-            holds[index] = value
-            barrier.land(1)
-    return "no progress (a deadlock)"
+    return interleave(actors, in_flight, land, rng, 200000)
 
 
 def main():

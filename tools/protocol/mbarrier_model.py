@@ -1,7 +1,7 @@
-"""PTX mbarrier semantics for the kernels' protocol models (bmm_ring_model.py,
-stream_tma_ring_model.py): a phase completes when its arrivals are in and every expected byte
-(transaction count) has landed; a wait on parity P returns once the current phase's parity
-differs from P."""
+"""What the kernels' protocol models (bmm_ring_model.py, stream_tma_ring_model.py) share: PTX
+mbarrier semantics (a phase completes when its arrivals are in and every expected byte, the
+transaction count, has landed; a wait on parity P returns once the current phase's parity differs
+from P) and the random interleaving of the actors with the landing of copies."""
 
 
 class Barrier:
@@ -27,3 +27,21 @@ class Barrier:
 
     def passed(self, parity):  # try_wait.parity / test_wait.parity
         return (self.phase & 1) != parity
+
+
+def interleave(actors, in_flight, land, rng, steps):
+    """Runs `actors` (generators; each next() is one step) and lands the copies in `in_flight`
+    (each by land(copy)), one at a time in random order, until all are done (None) or `steps`
+    have passed (a deadlock: an error string)."""
+    for _ in range(steps):
+        if not actors and not in_flight:
+            return None
+        k = rng.randrange(len(actors) + len(in_flight))
+        if k < len(actors):
+            try:
+                next(actors[k])
+            except StopIteration:
+                actors.pop(k)
+        else:
+            land(in_flight.pop(k - len(actors)))
+    return "no progress (a deadlock)"

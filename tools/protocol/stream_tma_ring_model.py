@@ -33,7 +33,7 @@ usage: tools/protocol/stream_tma_ring_model.py [--seeds N] [--lockstep] [--claim
 import random
 import sys
 
-from mbarrier_model import Barrier
+from mbarrier_model import Barrier, interleave
 
 
 def run(stages, units, rng, lockstep=False, fault=None, claimed=False):
@@ -155,22 +155,13 @@ def run(stages, units, rng, lockstep=False, fault=None, claimed=False):
             yield
         st["previous_done"] = True
 
+    def land_copy(copy):
+        w, s, chunk, part = copy
+        land(w, s, chunk, part)
+        full[w][s].land(1)
+
     actors = [previous_kernel()] + [lane(w) for w in range(warps)] + [consumer(w) for w in range(warps)]
-    for _ in range(400000):
-        if not actors and not in_flight:
-            return None
-        n = len(actors) + len(in_flight)
-        i = rng.randrange(n)
-        if i < len(actors):
-            try:
-                next(actors[i])
-            except StopIteration:
-                actors.pop(i)
-        else:
-            w, s, chunk, part = in_flight.pop(i - len(actors))
-            land(w, s, chunk, part)
-            full[w][s].land(1)
-    return "no progress (a deadlock)"
+    return interleave(actors, in_flight, land_copy, rng, 400000)
 
 
 def random_units(rng, warps):

@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backends/cuda/cp_async.cuh"
@@ -16,6 +17,7 @@
 #include "backends/cuda/stream_epilogue.cuh"
 #include "backends/cuda/stream_gemm.h"
 #include "backends/cuda/stream_gemm_rules.h"
+#include "backends/cuda/stream_scratch.h"
 #include "backends/cuda/unit_queue.cuh"
 
 namespace locus::cuda::detail {
@@ -42,6 +44,38 @@ struct Plan {
 };
 
 constexpr int kTileCounters = kStreamGemmMaxDomains;
+
+// (Host.) A launch plan's work units for CTAs of `warps` warps of which `max_blocks` are resident
+// on `sms` SMs: per domain its rows as whole rows or cut into stream-K units (`forced`:
+// StreamGemmTuning::units_per_cta; units touch at most `unit_rows` rows), the partial slots per
+// row, how CTAs get their units (one domain: CTA b's first is unit b; further ones, and all with
+// several domains, from the counters), and the stream's counters and partials for tiles of
+// `tile_floats4` float4s. Returns the CTAs to launch.
+inline int plan_units(Plan& pl, const StreamGemmArgs& a, const StreamRows& work, int sms, int max_blocks, int warps,
+                      int h, int forced, int unit_rows, int64_t groups_total, int64_t rows_total, int tile_floats4,
+                      cudaStream_t stream) {
+  pl.chunks = static_cast<int32_t>(work.chunks);
+  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, max_blocks, warps, h);
+  int64_t all_units = 0;
+  for (int d = 0; d < a.num_domains; ++d) {
+    pl.rows[d] = work.rows[d];
+    if (work.chunks_of(d) == 0) continue;
+    const int64_t units =
+        rows_whole ? work.rows[d] : stream_k_units(work, d, max_blocks, warps, std::max(forced, 1), unit_rows);
+    pl.units[d] = static_cast<int32_t>(units);
+    all_units += units;
+  }
+  pl.max_segments = stream_max_segments(work, pl.units);
+  const int blocks = static_cast<int>(std::min<int64_t>(max_blocks, all_units));
+  pl.total_ctas = blocks;
+  pl.static_first = a.num_domains == 1 ? 1 : 0;
+  pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
+  const StreamScratch s = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
+                                         std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * tile_floats4));
+  pl.counters = s.counters;
+  pl.partials = s.partials;
+  return blocks;
+}
 
 // One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
 // (gate or up) of one batch entry of one part; segment s of the row's `segments`.

@@ -218,27 +218,8 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   LOCUS_CHECK(ls.max_blocks >= 1, "streaming GEMM: ", ls.smem_bytes, " bytes of shared memory per ", W,
               "-warp CTA do not fit an SM");
   Plan pl{};
-  pl.chunks = static_cast<int32_t>(work.chunks);
-  const int forced = t.units_per_cta;  // < 0 whole rows, > 0 stream-K with that many per CTA
-  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, ls.max_blocks, W, H);
-  int64_t all_units = 0;
-  for (int d = 0; d < a.num_domains; ++d) {
-    pl.rows[d] = work.rows[d];
-    if (work.chunks_of(d) == 0) continue;
-    const int64_t units =
-        rows_whole ? work.rows[d] : stream_k_units(work, d, ls.max_blocks, W, std::max(forced, 1), ls.unit_rows);
-    pl.units[d] = static_cast<int32_t>(units);
-    all_units += units;
-  }
-  pl.max_segments = stream_max_segments(work, pl.units);
-  const int blocks = static_cast<int>(std::min<int64_t>(ls.max_blocks, all_units));
-  pl.total_ctas = blocks;
-  pl.static_first = a.num_domains == 1 ? 1 : 0;
-  pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
-  StreamScratch s = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
-                          std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
-  pl.counters = s.counters;
-  pl.partials = s.partials;
+  const int blocks = plan_units(pl, a, work, sms, ls.max_blocks, W, H, t.units_per_cta, ls.unit_rows, groups_total,
+                                rows_total, R * MB * 32, stream);
   pl.slot_bytes = ls.slot_bytes;
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;

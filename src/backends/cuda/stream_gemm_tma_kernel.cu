@@ -396,29 +396,8 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   if (stages == 0 || per_sm(stages) == 0) return false;
 
   Plan pl{};
-  pl.chunks = static_cast<int32_t>(work.chunks);
-  const int forced = t.units_per_cta;  // < 0 whole rows, > 0 stream-K with that many per CTA
-  const bool rows_whole = forced != 0 ? forced < 0 : whole_row_units(work, sms, sms, W, H);
-  int64_t all_units = 0;
-  for (int d = 0; d < a.num_domains; ++d) {
-    pl.rows[d] = work.rows[d];
-    if (work.chunks_of(d) == 0) continue;
-    const int64_t units =
-        rows_whole ? work.rows[d] : stream_k_units(work, d, sms, W, std::max(forced, 1), rows_per_unit);
-    pl.units[d] = static_cast<int32_t>(units);
-    all_units += units;
-  }
-  pl.max_segments = stream_max_segments(work, pl.units);
-  const int blocks = static_cast<int>(std::min<int64_t>(sms, all_units));
-  pl.total_ctas = blocks;
-  // One domain: CTA b's first unit is unit b; more units than CTAs (or several domains) come
-  // from the counters.
-  pl.static_first = a.num_domains == 1 ? 1 : 0;
-  pl.counted = a.num_domains > 1 || all_units > blocks ? 1 : 0;
-  StreamScratch scratch = stream_scratch(stream, kTileCounters + static_cast<size_t>(groups_total),
-                                         std::max<size_t>(1, static_cast<size_t>(rows_total) * pl.max_segments * R * MB * 32));
-  pl.counters = scratch.counters;
-  pl.partials = scratch.partials;
+  const int blocks = plan_units(pl, a, work, sms, sms, W, H, t.units_per_cta, rows_per_unit, groups_total, rows_total,
+                                R * MB * 32, stream);  // one CTA per SM
   pl.slot_bytes = slot_bytes;
   pl.stages = stages;
   pl.ring_bytes = stages * slot_bytes;
