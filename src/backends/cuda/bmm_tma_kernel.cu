@@ -528,10 +528,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------------
 // host side
 
-bool device_has_tma(int device) {
-  return device_attribute(device, cudaDevAttrComputeCapabilityMajor) >= 9 && driver().cuTensorMapEncodeTiled != nullptr;
-}
-
 int optin_smem(int device) { return device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin); }
 
 bool stride_ok(int64_t elements) { return elements > 0 && elements % 8 == 0 && elements < (int64_t{1} << 38); }

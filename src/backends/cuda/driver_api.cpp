@@ -56,6 +56,10 @@ const DriverApi& driver() {
   return api;
 }
 
+bool device_has_tma(int device) {
+  return device_attribute(device, cudaDevAttrComputeCapabilityMajor) >= 9 && driver().cuTensorMapEncodeTiled != nullptr;
+}
+
 void check_cu(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return;
   const char* name = "unknown CUresult";

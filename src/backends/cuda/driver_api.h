@@ -27,4 +27,7 @@ const DriverApi& driver();
 // Throws locus::Error naming `what` and the driver's error name when r != CUDA_SUCCESS.
 void check_cu(CUresult r, const char* what);
 
+// Whether `device` has TMA (sm_90 or newer) and the driver gives the tensor-map entry point.
+bool device_has_tma(int device);
+
 }  // namespace locus::cuda::detail

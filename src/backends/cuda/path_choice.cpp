@@ -37,10 +37,9 @@ float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
   // Twice the L2, written before each run: a run then reads its operands from memory, as a
   // model's weights are read at decode (each layer's once per step), not from what the run
   // before it left in L2. (Timed warm, a tactic can win on operands that never are.)
-  int device = 0, l2_bytes = 0;
+  int device = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2_bytes, 1 << 20));
+  const size_t flush_bytes = 2 * static_cast<size_t>(std::max(device_attribute(device, cudaDevAttrL2CacheSize), 1 << 20));
   void* flush = nullptr;
   LOCUS_CUDA_CHECK(cudaMallocAsync(&flush, flush_bytes, stream));
   cudaEvent_t e0, e1;

@@ -373,7 +373,7 @@ __device__ __forceinline__ float4* row_slot(uint8_t* slots, int slot_floats4, in
 // A streaming warp's fp32 sums of its current row (R tiles x MB blocks of 8 tokens, in mma
 // C-fragment order) as it walks its chunks [wb, we) of rows of C chunks, and how it leaves each
 // row's sums in its row slot for finish_unit: start(wb, C), then next_chunk() before each chunk's
-// multiply, then leave(row) for the last row.
+// multiply, then leave() for the last row.
 template <int R, int MB>
 struct RowSums {
   float acc[R][MB][4];
@@ -388,7 +388,7 @@ struct RowSums {
   // Before the next chunk's multiply: where the previous row is done, leaves its sums.
   __device__ __forceinline__ void next_chunk(uint8_t* slots, int warp, int64_t r_first, int lane) {
     if (left == 0) {
-      leave(slots, warp, row, r_first, lane);
+      leave(slots, warp, r_first, lane);
       clear();
       ++row;
       left = chunks;
@@ -403,7 +403,8 @@ struct RowSums {
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[r][b][e] = 0.f;
   }
-  __device__ __forceinline__ void leave(uint8_t* slots, int warp, int64_t row, int64_t r_first, int lane) const {
+  // The current row's sums into warp `warp`'s slot for it (row_slot; r_first: the unit's first row).
+  __device__ __forceinline__ void leave(uint8_t* slots, int warp, int64_t r_first, int lane) const {
     float4* out = row_slot(slots, R * MB * 32, warp, row, r_first);
 #pragma unroll
     for (int r = 0; r < R; ++r)

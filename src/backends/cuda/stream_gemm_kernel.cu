@@ -87,7 +87,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
   }
   cp_async_wait<0>();
   __syncwarp();
-  sums.leave(slots, warp, sums.row, r_first, lane);
+  sums.leave(slots, warp, r_first, lane);
 }
 
 
@@ -233,8 +233,7 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
 
 template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
-                  cudaStream_t stream) {
-  const StreamGemmTuning t = stream_gemm_tuning();
+                  const StreamGemmTuning& t, cudaStream_t stream) {
   const int stages = t.feed == 0 ? t.stages : 0;  // a TMA ring depth (the feed declined the problem) is not ours
   const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps), stages);
   // 8 warps may not fit at all (BF16 at M = 17..32: the rings and row slots exceed an SM).
@@ -249,23 +248,23 @@ void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
 
 template <StreamWeight F, int H>
 void launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
-                  cudaStream_t stream) {
-  if (a.m <= 8) launch_typed<F, 1, H>(a, work, groups_total, rows_total, sms, stream);
-  else if (a.m <= 16) launch_typed<F, 2, H>(a, work, groups_total, rows_total, sms, stream);
-  else launch_typed<F, 4, H>(a, work, groups_total, rows_total, sms, stream);
+                  const StreamGemmTuning& t, cudaStream_t stream) {
+  if (a.m <= 8) launch_typed<F, 1, H>(a, work, groups_total, rows_total, sms, t, stream);
+  else if (a.m <= 16) launch_typed<F, 2, H>(a, work, groups_total, rows_total, sms, t, stream);
+  else launch_typed<F, 4, H>(a, work, groups_total, rows_total, sms, t, stream);
 }
 
 }  // namespace
 
 void launch_stream_gemm_rings(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
-                              int sms, cudaStream_t stream) {
+                              int sms, const StreamGemmTuning& t, cudaStream_t stream) {
   constexpr auto kNv = StreamWeight::kNVFP4, kBf = StreamWeight::kBF16;
   if (a.format == kNv) {
-    a.swiglu ? launch_for_m<kNv, 2>(a, work, groups_total, rows_total, sms, stream)
-             : launch_for_m<kNv, 1>(a, work, groups_total, rows_total, sms, stream);
+    a.swiglu ? launch_for_m<kNv, 2>(a, work, groups_total, rows_total, sms, t, stream)
+             : launch_for_m<kNv, 1>(a, work, groups_total, rows_total, sms, t, stream);
   } else {
-    a.swiglu ? launch_for_m<kBf, 2>(a, work, groups_total, rows_total, sms, stream)
-             : launch_for_m<kBf, 1>(a, work, groups_total, rows_total, sms, stream);
+    a.swiglu ? launch_for_m<kBf, 2>(a, work, groups_total, rows_total, sms, t, stream)
+             : launch_for_m<kBf, 1>(a, work, groups_total, rows_total, sms, t, stream);
   }
 }
 

@@ -18,6 +18,12 @@ std::mutex g_tuning_mu;
 StreamGemmTuning g_tuning;  // benchmarks and tests set it between launches
 std::atomic<uint64_t> g_feed_launches[2];
 
+// The tuning in force (the built-in heuristics where a field is 0), read once per launch.
+StreamGemmTuning stream_gemm_tuning() {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  return g_tuning;
+}
+
 }  // namespace
 
 void set_stream_gemm_tuning(const StreamGemmTuning& t) {
@@ -33,11 +39,6 @@ void set_stream_gemm_tuning(const StreamGemmTuning& t) {
 }
 
 uint64_t stream_gemm_feed_launches(int feed) { return feed == 0 || feed == 1 ? g_feed_launches[feed].load() : 0; }
-
-StreamGemmTuning stream_gemm_tuning() {
-  std::lock_guard<std::mutex> lock(g_tuning_mu);
-  return g_tuning;
-}
 
 StreamRows plan_stream_rows(StreamGemmArgs& a, int h, int64_t* groups_total, int64_t* rows_total) {
   constexpr int R = kStreamGroupTiles;
@@ -70,9 +71,9 @@ int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, in
   if (it != cache.end()) return it->second;
   auto limit = max_dynamic.find(kernel);
   if (limit == max_dynamic.end()) {
-    int dev = 0, optin = 0;
+    int dev = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-    LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const int optin = device_attribute(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin);
     cudaFuncAttributes attr{};
     LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
     const int bytes = optin - static_cast<int>(attr.sharedSizeBytes);
@@ -88,13 +89,9 @@ int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, in
 }
 
 int shared_memory_per_sm() {
-  static const int bytes = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    return n;
-  }();
-  return bytes;
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  return device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
 }
 
 bool stream_gemm_eligible(const StreamGemmArgs& a) {
@@ -142,11 +139,12 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
   int64_t groups_total = 0, rows_total = 0;
   const StreamRows work = plan_stream_rows(a, a.swiglu ? 2 : 1, &groups_total, &rows_total);
   const int sms = sm_count_for(stream);
-  if (stream_gemm_tuning().feed == 1 && launch_stream_gemm_tma(a, work, groups_total, rows_total, sms, stream)) {
+  const StreamGemmTuning t = stream_gemm_tuning();
+  if (t.feed == 1 && launch_stream_gemm_tma(a, work, groups_total, rows_total, sms, t, stream)) {
     ++g_feed_launches[1];
     return;
   }
-  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, stream);
+  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, t, stream);
   ++g_feed_launches[0];
 }
 

@@ -25,9 +25,6 @@ constexpr int kStreamTmaMaxStages = 6;
 // What a CTA asks L2 for before the previous kernel ends, by default (StreamGemmTuning::prefetch_kb).
 constexpr int kPrefetchBytes = 64 << 10;
 
-// The tuning in force (set_stream_gemm_tuning; the built-in heuristics where a field is 0).
-StreamGemmTuning stream_gemm_tuning();
-
 // A launch's rows of work: per domain, its parts' row groups (and halves, h = 2 with SwiGLU) end
 // to end, C chunks of 64 K each. Fills each part's tiles, groups, row_begin, group_base and
 // slot_row_base; *groups_total and *rows_total count every part's row groups and rows.
@@ -41,12 +38,12 @@ int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, in
 // Shared memory of one SM of the current device.
 int shared_memory_per_sm();
 
-// The two feeds, for a launch planned by plan_stream_rows on `sms` SMs.
+// The two feeds, for a launch planned by plan_stream_rows on `sms` SMs under tuning `t`.
 void launch_stream_gemm_rings(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
-                              int sms, cudaStream_t stream);
+                              int sms, const StreamGemmTuning& t, cudaStream_t stream);
 // False, launching nothing, where the TMA feed does not take the problem (it takes NVFP4 at
 // M <= 16 whose parts' activations are a.x, on a device with TMA).
 bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
-                            int sms, cudaStream_t stream);
+                            int sms, const StreamGemmTuning& t, cudaStream_t stream);
 
 }  // namespace locus::cuda::detail

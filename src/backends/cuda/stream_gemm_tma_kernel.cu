@@ -283,7 +283,7 @@ __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl,
     __syncwarp();  // every lane has read the stage
     if (lane == 0) mbar_arrive(rings.empty(warp, k));
   }
-  sums.leave(slots, warp, sums.row, r_first, lane);
+  sums.leave(slots, warp, r_first, lane);
 }
 
 template <int MB, int H, bool kTraced>
@@ -349,15 +349,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 // ---------------------------------------------------------------------------------------------
 // host side
 
-bool device_has_tma() {
-  static const bool has = [] {
-    int dev = 0;
-    LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-    return device_attribute(dev, cudaDevAttrComputeCapabilityMajor) >= 9 && driver().cuTensorMapEncodeTiled != nullptr;
-  }();
-  return has;
-}
-
 // x [M, K] bf16 (rows x_ld apart) as boxes of [M, 64] (no swizzle: the stage layout's rows of
 // 128 bytes); elements past K read as zeros.
 CUtensorMap activation_map(const StreamGemmArgs& a) {
@@ -422,11 +413,12 @@ bool launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
 }  // namespace
 
 bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total,
-                            int sms, cudaStream_t stream) {
-  if (a.format != StreamWeight::kNVFP4 || a.m > 16 || !device_has_tma()) return false;
+                            int sms, const StreamGemmTuning& t, cudaStream_t stream) {
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  if (a.format != StreamWeight::kNVFP4 || a.m > 16 || !device_has_tma(device)) return false;
   for (int i = 0; i < a.num_parts; ++i)
     if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
-  const StreamGemmTuning t = stream_gemm_tuning();
   return a.swiglu ? launch_for_m<2>(a, work, groups_total, rows_total, sms, t, stream)
                   : launch_for_m<1>(a, work, groups_total, rows_total, sms, t, stream);
 }
