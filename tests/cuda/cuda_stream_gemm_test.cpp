@@ -200,8 +200,13 @@ TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     };
     poison();
+    const uint64_t tma_launches = cuda::detail::stream_gemm_feed_launches(1);
     chain();
     const std::vector<Tensor> eager = outputs();
+    int nvfp4_layers = 0;
+    for (int i = 0; i < layers; ++i) nvfp4_layers += nvfp4_layer(i) ? 1 : 0;
+    // The TMA feed takes the NVFP4 layers (and only those); the cp.async kernel the rest.
+    EXPECT_EQ(cuda::detail::stream_gemm_feed_launches(1) - tma_launches, feed == 1 ? nvfp4_layers : 0);
     Tensor in = fetch(y[0]);
     for (int i = 0; i < layers; ++i) {
       const std::vector<double> ref =

@@ -148,6 +148,31 @@ TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
   }
 }
 
+// Activations with a row stride wider than K (a column slice of a wider tensor, as the tensor
+// map's row stride must follow), at M = 1, 5 and 16; and K < 64 (narrower than one activation
+// box), which the cp.async kernel takes.
+TEST(CudaStreamGemmTma, StridedActivationsAndShortK) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  TmaFeed feed;
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 512, 1552}, {5, 512, 1552}, {16, 256, 2048},
+                         {4, 512, 32}, {16, 256, 48}}) {
+    SCOPED_TRACE(::testing::Message() << "M " << m << " N " << n << " K " << k);
+    const Tensor wide = randn({m, k + 72}, DType::kBF16, seed + m + k);  // row stride k + 72: 16-byte rows
+    const Tensor x = wide.slice(1, 8, 8 + k).clone();
+    const Tensor xg = to_gpu(wide).slice(1, 8, 8 + k);
+    ASSERT_EQ(xg.stride(0), k + 72);
+    const ops::Nvfp4Weight host = random_nvfp4(n, k, seed + m + k + 1);
+    const ops::Nvfp4Weight w = cuda::nvfp4_prepare(host, 0, -1);
+    Tensor y = poisoned_gpu({m, n}, DType::kFP32);
+    const uint64_t tma = cd::stream_gemm_feed_launches(1);
+    cuda::nvfp4_gemm(xg, w, {}, y, nullptr);
+    EXPECT_EQ(cd::stream_gemm_feed_launches(1), tma + (k >= 64 ? 1 : 0));
+    EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(host), n, Tensor())), fp32_out_gemm_tolerance(k));
+  }
+}
+
 // Domain-aware launches (two green-context partitions, one NVFP4 shard each) on the TMA feed:
 // plain with bias and fused SwiGLU, eager and captured, replayed after an in-place reload.
 class CudaStreamGemmTmaDomains : public CudaTwoDomains {};

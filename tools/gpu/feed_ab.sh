@@ -1,54 +1,89 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (from the repository root, binaries from tools/gpu/package.sh): the NVFP4
 # streaming GEMM's two feeds side by side (StreamGemmTuning::feed; stream_gemm_tma_kernel.cu).
-#   1. the streaming GEMM's GPU tests (both feeds), then the TMA feed's under compute-sanitizer
-#      (memcheck, synccheck);
-#   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings, the TMA
-#      feed, and the TMA feed with 256 KB per CTA asked of L2 early, alternating, two rounds;
+#   0. the TMA feed's GPU tests one at a time, each under a short timeout, so that a hang costs
+#      seconds and names its test (the feed had never run when this was written);
+#   1. the other streaming GEMM tests (both feeds), then, if the TMA tests passed, those under
+#      compute-sanitizer (memcheck, synccheck);
+#   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings and (if the
+#      TMA tests passed) the TMA feed, and the TMA feed with 256 KB per CTA asked of L2 early,
+#      alternating, two rounds;
 #   3. the K-split sweep (its last three columns are the TMA feed).
-# Logs and tables go to $OUT (or /tmp/locus-feed-ab); a summary comes last.
-# usage: tools/gpu/feed_ab.sh [--shape NxK] [--no-sanitizer]
+# Every step's timeout is cut to what is left of the budget (--budget S, default 570 s: the device
+# tool's 600 s per call), and a step that cannot get 20 s is skipped. Logs, tables and
+# summary.txt (written as it goes) go to $OUT (or /tmp/locus-feed-ab); the summary comes last.
+# usage: tools/gpu/feed_ab.sh [--shape NxK] [--no-sanitizer] [--budget S]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-feed-ab}"
 mkdir -p "$OUT"
 CARRY=.gpu-carry
-shape=(); sanitize=1
+shape=(); sanitize=1; budget=570
 while (($#)); do
   case "$1" in
     --shape) shape=(--shape "$2"); shift ;;
     --no-sanitizer) sanitize=0 ;;
+    --budget) budget="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
 done
 CUDA_LIBS=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$PWD/$CARRY:/usr/local/cuda/lib64:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
-summary=()
-note() { summary+=("$1"); echo "$1"; }
+: > "$OUT/summary.txt"
+note() { echo "$1" | tee -a "$OUT/summary.txt"; }
+# run WANT_S LOG CMD...: CMD under a timeout of WANT_S seconds or what is left of the budget;
+# returns its exit status (124: timed out), or 125 (and says so) when not even 20 s are left.
+run() {
+  local want=$1 log=$2; shift 2
+  local left=$((budget - SECONDS))
+  ((left < want)) && want=$left
+  if ((want < 20)); then note "skipped (budget spent): $*"; return 125; fi
+  timeout "$want" "$@" > "$log" 2>&1
+}
 
-timeout 240 "$CARRY/locus_cuda_tests" --gtest_brief=1 --gtest_filter='CudaStreamGemm*:CudaStreamDomains*' \
-  > "$OUT/tests.log" 2>&1
-note "streaming GEMM tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | head -3 | tr '\n' ' ')"
-if ((sanitize)); then
-  SAN=/usr/local/cuda/bin/compute-sanitizer
+# 0. The TMA feed's tests, one process each.
+tma_ok=1
+mapfile -t tma_tests < <("$CARRY/locus_cuda_tests" --gtest_list_tests --gtest_filter='CudaStreamGemmTma*' |
+  awk '/^[^ ]/ {suite=$1} /^  [^ ]/ {print suite $1}')
+((${#tma_tests[@]})) || { note "no CudaStreamGemmTma* tests listed"; tma_ok=0; }
+for t in "${tma_tests[@]}"; do
+  run 45 "$OUT/tma_${t//[^A-Za-z0-9]/_}.log" "$CARRY/locus_cuda_tests" --gtest_filter="$t"
+  rc=$?
+  case $rc in
+    0) if grep -q '^\[  SKIPPED \]' "$OUT/tma_${t//[^A-Za-z0-9]/_}.log"; then note "TMA test $t: SKIPPED (no GPU?)"; tma_ok=0
+       else note "TMA test $t: passed"; fi ;;
+    124) note "TMA test $t: HUNG (killed after its timeout)"; tma_ok=0 ;;
+    *) note "TMA test $t: FAILED, exit $rc ($(grep -m1 -E 'Failure|error|what\(\)' "$OUT/tma_${t//[^A-Za-z0-9]/_}.log"))"
+       tma_ok=0 ;;
+  esac
+done
+
+# 1. The other streaming tests (the traced and chained ones run both feeds), then the sanitizer.
+run 180 "$OUT/tests.log" "$CARRY/locus_cuda_tests" --gtest_brief=1 \
+  --gtest_filter='CudaStreamGemm*:CudaStreamDomains*:-CudaStreamGemmTma*'
+note "other streaming GEMM tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | head -3 | tr '\n' ' ')"
+if ((sanitize && tma_ok)); then
   for tool in memcheck synccheck; do
-    timeout 240 "$SAN" --tool "$tool" --error-exitcode 9 "$CARRY/locus_cuda_tests" --gtest_brief=1 \
-      --gtest_filter='CudaStreamGemmTma*' > "$OUT/sanitizer_$tool.log" 2>&1
+    run 150 "$OUT/sanitizer_$tool.log" /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$CARRY/locus_cuda_tests" --gtest_brief=1 --gtest_filter='CudaStreamGemmTma*'
     note "compute-sanitizer $tool (TMA feed tests): exit $?, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
   done
 fi
-# Variants: the cp.async rings; the TMA feed; the TMA feed asking L2 for 256 KB more per CTA early.
+
+# 2. Variants: the cp.async rings; the TMA feed; the TMA feed asking L2 for 256 KB more per CTA early.
+variants=("0 0"); ((tma_ok)) && variants+=("1 0" "1 256")
 for round in 1 2; do
-  for variant in "0 0" "1 0" "1 256"; do
+  for variant in "${variants[@]}"; do
     set -- $variant
     name="feed$1_prefetch$2"
-    timeout 150 "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,16 --tuning "0,0,0,1,$2,$1" \
-      > "$OUT/timeline_${name}_round$round.md" 2>&1
+    run 60 "$OUT/timeline_${name}_round$round.md" "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,16 \
+      --tuning "0,0,0,1,$2,$1"
     note "timeline $name round $round: exit $?, $OUT/timeline_${name}_round$round.md"
   done
 done
-timeout 200 "$CARRY/cuda_gemm_bench" --sweep --quick --m 1 "${shape[@]}" > "$OUT/sweep.log" 2>&1
+# 3. The sweep (its TMA columns only mean something when the TMA tests passed).
+run 120 "$OUT/sweep.log" "$CARRY/cuda_gemm_bench" --sweep --quick --m 1 "${shape[@]}"
 note "sweep: exit $?, $OUT/sweep.log"
-echo "==== summary ($OUT)"
-printf '%s\n' "${summary[@]}"
+echo "==== summary ($OUT, ${SECONDS} s)"
+cat "$OUT/summary.txt"

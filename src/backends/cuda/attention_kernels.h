@@ -36,9 +36,7 @@ struct MlaAttentionArgs {
 // Scores are kept in the log2 domain (scale * log2(e)) so the softmax uses exp2.
 constexpr float kAttnLog2e = 1.4426950408889634f;
 
-// Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device (the
-// limit only grows, so concurrent launches with smaller needs stay valid).
-void raise_dynamic_smem_limit(const void* kernel, int bytes);
+// raise_dynamic_smem_limit: cuda_check.h.
 
 // ---- tensor-core kernel (bf16 inputs): flash attention with an online softmax in fp32 ----
 

@@ -433,18 +433,6 @@ const void* tc_kernel_for(int parts) {
 
 }  // namespace
 
-void raise_dynamic_smem_limit(const void* kernel, int bytes) {
-  static std::mutex mu;
-  static std::map<std::pair<int, const void*>, int> limits;
-  int dev = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  int& cur = limits[{dev, kernel}];
-  if (bytes <= cur) return;
-  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  cur = bytes;
-}
-
 int attn_tc_smem_bytes(const MlaAttentionArgs& a) {
   for (const AttnOperand* o : {&a.q_a, &a.q_b, &a.k_a, &a.k_b, &a.v})
     if (o->f32) return 0;

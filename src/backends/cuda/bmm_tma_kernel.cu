@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <set>
 #include <vector>
 
 #include "backends/cuda/bmm_tma.h"
@@ -636,19 +635,13 @@ template <int NT, bool kNC>
 void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
   const int smem_bytes =
       pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
-  {  // once per device: allow every size size_plan may pick (both forms: untraced, traced)
-    static std::mutex mu;
-    static std::set<int> allowed;
+  {  // allow every size size_plan may pick (both forms: untraced, traced)
     int device = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-    std::lock_guard<std::mutex> lock(mu);
-    if (allowed.insert(device).second) {
-      for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>}) {
-        cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
-        LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-        LOCUS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              optin_smem(device) - static_cast<int>(attr.sharedSizeBytes)));
-      }
+    for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>}) {
+      cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
+      LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+      raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), optin_smem(device) - static_cast<int>(attr.sharedSizeBytes));
     }
   }
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more

@@ -29,12 +29,6 @@ bool same_view(const Tensor& a, const Tensor& b) {
          a.strides() == b.strides();
 }
 
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int v = 0;
-  LOCUS_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
-  return v;
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Key splits: enough CTAs for every SM of the stream's partition (or the device) when the row
@@ -44,7 +38,7 @@ detail::AttnSplit plan_splits(const detail::MlaAttentionArgs& a, cudaStream_t st
   const int64_t ctas = ceil_div(rows, detail::kAttnTcRows) * (a.per_head_groups ? a.H : 1);
   const int64_t keys = a.q_start + a.T;  // the most keys any row sees
   int sms = detail::partition_stream_sm_count(stream);
-  if (sms <= 0) sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
   const int64_t slots = static_cast<int64_t>(sms) * detail::attn_tc_ctas_per_sm(a, device);
   int64_t splits = 1;
   if (ctas < slots) {
@@ -94,7 +88,7 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
   a.v_is_k_a = same_view(v, k_a);
   a.per_head_groups = H > 1 && (k_a.size(1) > 1 || k_b.size(1) > 1 || v.size(1) > 1);
 
-  const int smem_limit = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  const int smem_limit = device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   const int tc_smem = detail::attn_tc_smem_bytes(a);
   if (tc_smem > 0 && tc_smem <= smem_limit) {
     detail::AttnSplit sp = plan_splits(a, s, device);

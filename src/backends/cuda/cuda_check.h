@@ -50,4 +50,19 @@ inline int device_attribute(int device, cudaDeviceAttr attribute) {
   return known[{device, static_cast<int>(attribute)}] = value;
 }
 
+// Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device (the
+// limit is an attribute of the kernel in each device's context; it only grows, so concurrent
+// launches with smaller needs stay valid).
+inline void raise_dynamic_smem_limit(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> limits;
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  int& cur = limits[{dev, kernel}];
+  if (bytes <= cur) return;
+  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  cur = bytes;
+}
+
 }  // namespace locus::cuda

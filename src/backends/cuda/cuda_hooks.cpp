@@ -19,7 +19,12 @@
 // 4. Copies and fills first wait for the whole device, then complete before they return: a copy
 //    into a reused block cannot overtake a kernel still reading it on any stream, and a copy out
 //    of device memory sees all work queued before it. (Copies are not allowed inside a capture.)
-// 5. Scratch inside the CUDA backend does not use this cache: cuBLASLt workspaces come from
+// 5. Weights (module weights, shards, absorbed MLA weights, in-place reloads) are written only by
+//    these copies, never by a kernel. The weight kernels (the streaming GEMM's TMA feed, the BMM
+//    kernel) start as programmatic dependent launches and read their weights before waiting for
+//    the kernels before them, any of which may still be running; a kernel that writes weights
+//    (say, a requantization on the GPU) would need those reads moved after the wait.
+// 6. Scratch inside the CUDA backend does not use this cache: cuBLASLt workspaces come from
 //    cudaMallocAsync on the op's stream (stream-ordered by the driver), the NVFP4 kernel keeps
 //    its own buffers.
 // Graph captures: a miss calls cudaMalloc in relaxed capture mode (legal during a capture, as the

@@ -326,13 +326,15 @@ constexpr int kMinUnitChunks = 4;  // shorter units would spend more on their pa
 
 std::atomic<int> g_min_m{-1};
 
+// (Its limit raised on the current device, which every launch needs; the count, the same on every
+// device of a run, asked once.)
 template <int NT, int H, int L>
 int resident_ctas_per_sm(int smem_bytes) {
+  auto* kernel = nvfp4_wgmma_kernel<NT, H, L>;
+  raise_dynamic_smem_limit(reinterpret_cast<const void*>(kernel), smem_bytes);
   static std::once_flag once;
   static int per_sm = 0;
   std::call_once(once, [&] {
-    auto* kernel = nvfp4_wgmma_kernel<NT, H, L>;
-    LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Shape<L>::kThreads, smem_bytes));
   });
   return per_sm;

@@ -104,7 +104,7 @@ struct StreamGemmTuning {
   int units_per_cta = 0;  // 0: the heuristic; > 0: the stream-K cut with this many units per
                           // resident CTA; < 0: whole rows as units
   int warps = 0;          // warps per CTA: 0 the heuristic, else 4 or 8
-  int stages = 0;         // ring depth per warp: 0 the heuristic, else 2..4
+  int stages = 0;         // ring depth per warp: 0 the heuristic, else 2..4 (2..6 with feed = 1)
   int dependent_launch = 1;  // 1: programmatic dependent launch (start during the previous
                              // kernel's tail, prefetching weights); 0: plain stream order
   int prefetch_kb = 0;  // before the previous kernel ends, ask L2 for this many KB of the CTA's

@@ -16,6 +16,7 @@
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/stream_epilogue.cuh"
 #include "backends/cuda/stream_gemm.h"
+#include "backends/cuda/stream_gemm_rows.h"
 #include "backends/cuda/stream_gemm_rules.h"
 #include "backends/cuda/stream_scratch.h"
 #include "backends/cuda/unit_queue.cuh"
@@ -35,7 +36,7 @@ struct Plan {
   int32_t total_ctas;
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
-  int32_t stages;      // its ring depth, 2..4
+  int32_t stages;      // its ring depth: 2..4 (cp.async rings), 2..6 (TMA feed)
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
   int32_t prefetch_bytes;  // then: how much of its first unit a CTA asks L2 for
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
@@ -76,12 +77,6 @@ inline int plan_units(Plan& pl, const StreamGemmArgs& a, const StreamRows& work,
   pl.partials = s.partials;
   return blocks;
 }
-
-// One row segment: chunks [c0, c0 + n) of one row group (kGroupTiles 16-row tiles) of one half
-// (gate or up) of one batch entry of one part; segment s of the row's `segments`.
-struct Segment {
-  int32_t part, batch, group, half, s, segments, c0, n;
-};
 
 // A stage holds one chunk of a row group: its weights (kWeightBytes), then the activation rows
 // that exist (m < M), kXRowBytes each, lane t's K quarter of row m at (m * 4 + t) * kXRowBytes / 4.
@@ -326,28 +321,6 @@ __device__ __forceinline__ void unit_range(const Plan& pl, int domain, int64_t u
 __device__ __forceinline__ void row_chunks(int64_t c, int64_t r, int64_t begin, int64_t end, int* c0, int* c1) {
   *c0 = static_cast<int>(max(begin, r * c) - r * c);
   *c1 = static_cast<int>(min(end, r * c + c) - r * c);
-}
-
-// The part, batch entry, row group and half of row r of `domain` (the rest of the Segment zero).
-template <int H>
-__device__ __forceinline__ Segment decode_row(const StreamGemmArgs& a, int domain, int64_t r) {
-  Segment u{};
-  for (int q = 0; q < a.num_parts; ++q) {
-    const StreamGemmPart& cand = a.parts[q];
-    if (cand.domain == domain && r >= cand.row_begin && r < cand.row_begin + cand.batch * cand.groups * H) {
-      u.part = q;
-      break;
-    }
-  }
-  const StreamGemmPart& p = a.parts[u.part];
-  // Rows are (batch entry, group, half)-major in that order: a group's gate and up rows are
-  // neighbours, so one unit often covers both.
-  const int local = static_cast<int>(r - p.row_begin);
-  u.half = local % H;
-  const int batch_group = local / H;
-  u.batch = batch_group / p.groups;
-  u.group = batch_group % p.groups;
-  return u;
 }
 
 // Row r of `domain` with chunks [c0, c1) of it as segment (unit - first unit of the row).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <utility>
 
@@ -34,6 +35,8 @@ void set_stream_gemm_tuning(const StreamGemmTuning& t) {
   LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= max_stages), "streaming GEMM: ring depth ", t.stages,
               " (0, or 2..", max_stages, " with feed ", t.feed,
               "; deeper cp.async rings were slower: docs/benchmarks.md, tenth session)");
+  LOCUS_CHECK(t.prefetch_kb >= 0 && t.prefetch_kb <= (1 << 16), "streaming GEMM: prefetch of ", t.prefetch_kb,
+              " KB per CTA (0..65536)");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = t;
 }
@@ -64,27 +67,21 @@ StreamRows plan_stream_rows(StreamGemmArgs& a, int h, int64_t* groups_total, int
 
 int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, int smem_bytes) {
   static std::mutex mu;
-  static std::map<const void*, int> max_dynamic;             // per kernel: its dynamic shared-memory limit
-  static std::map<std::pair<const void*, int>, int> cache;  // (kernel, bytes) -> CTAs per SM
+  static std::map<std::tuple<int, const void*, int>, int> cache;  // (device, kernel, bytes) -> CTAs per SM
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find({kernel, smem_bytes});
+  auto it = cache.find({dev, kernel, smem_bytes});
   if (it != cache.end()) return it->second;
-  auto limit = max_dynamic.find(kernel);
-  if (limit == max_dynamic.end()) {
-    int dev = 0;
-    LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-    const int optin = device_attribute(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    cudaFuncAttributes attr{};
-    LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
-    const int bytes = optin - static_cast<int>(attr.sharedSizeBytes);
-    for (const void* k : {kernel, traced})
-      LOCUS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    limit = max_dynamic.emplace(kernel, bytes).first;
-  }
+  cudaFuncAttributes attr{};
+  LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
+  const int limit = device_attribute(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin) - static_cast<int>(attr.sharedSizeBytes);
   int n = 0;
-  if (smem_bytes <= limit->second)
+  if (smem_bytes <= limit) {
+    for (const void* k : {kernel, traced}) raise_dynamic_smem_limit(k, smem_bytes);
     LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes));
-  cache[{kernel, smem_bytes}] = n;
+  }
+  cache[{dev, kernel, smem_bytes}] = n;
   return n;
 }
 

@@ -30,10 +30,10 @@ constexpr int kPrefetchBytes = 64 << 10;
 // slot_row_base; *groups_total and *rows_total count every part's row groups and rows.
 StreamRows plan_stream_rows(StreamGemmArgs& a, int h, int64_t* groups_total, int64_t* rows_total);
 
-// Resident CTAs per SM of `kernel` (`threads` per CTA) at `smem_bytes` of dynamic shared memory,
-// cached per kernel and size; 0 when one CTA does not fit. The first call for a kernel raises its
-// dynamic shared-memory limit to what the device allows, for `traced` (its traced form, which
-// runs under the same shape) as well.
+// Resident CTAs per SM of `kernel` (`threads` per CTA) at `smem_bytes` of dynamic shared memory on
+// the current device, cached per device, kernel and size; 0 when one CTA does not fit. Raises the
+// kernel's dynamic shared-memory limit to `smem_bytes` where it fits, for `traced` (its traced
+// form, which runs under the same shape) as well.
 int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, int smem_bytes);
 // Shared memory of one SM of the current device.
 int shared_memory_per_sm();

@@ -5,12 +5,11 @@
 // and its slowest CTA with nothing overlapping them: about 11 of the 33 us of 18432 x 7168 at
 // M = 1 (the timeline in docs/benchmarks.md, tenth session). Here a CTA is 8 consumer warps and
 // one producer warp in at most half an SM (at most 96 registers per thread, the launch bounds'
-// cap, and, where it fits, half the shared memory), one CTA per SM per launch. So the next launch's CTAs are resident
-// while this one streams, and their producers copy their first chunks of weights before this
-// launch ends (weights are never outputs of the kernel before: module weights, and in-place
-// reloads write them by copies, which a dependent launch does not overlap); the activations
-// follow after it. Copies no longer need the consumers' issue slots, so 8 warps per SM
-// dequantize while ~80-100 KB per SM are in flight.
+// cap, and, where it fits, half the shared memory), one CTA per SM per launch. So the next
+// launch's CTAs are resident while this one streams, and their producers copy their first chunks
+// of weights before this launch ends (no kernel writes weights: cuda_hooks.cpp, rule 5); the
+// activations follow after it. Copies no longer need the consumers' issue slots, so 8 warps per
+// SM dequantize while ~80-100 KB per SM are in flight.
 //
 // How. The work is the cp.async kernel's: per domain, stream-K units of its rows laid end to end;
 // with one domain CTA b's first unit is unit b, further units (and every unit with several
@@ -36,6 +35,7 @@
 #include "backends/cuda/stream_gemm_device.cuh"
 #include "backends/cuda/stream_gemm_launch.h"
 #include "backends/cuda/stream_scratch.h"
+#include "backends/cuda/stream_tma_cursor.h"
 #include "backends/cuda/tma.cuh"
 
 namespace locus::cuda::detail {
@@ -98,72 +98,15 @@ struct ProducerLane {
   Rings rings;
   int w;
   uint32_t k = 0;  // chunks put into the ring so far
-  // The cursor: the next chunk (of the rows laid end to end), its row and its chunk within the
-  // row, and, where the row group's 4 tiles are one storage group, that chunk's codes and scales
-  // (nullptr: per-tile copies).
-  int domain = 0;
-  int64_t x = 0, row = 0;
-  int32_t c = 0;
-  const uint8_t* codes = nullptr;
-  const uint8_t* scales = nullptr;
-  static constexpr int R = kNvfp4GroupTiles, kScaleBytes = 64;  // scale bytes per tile and chunk
-
-  // The storage of the cursor's row (its chunk c), where one stretch holds it.
-  __device__ void locate() {
-    codes = scales = nullptr;
-    if (row >= pl.rows[domain]) return;  // past the last row: nothing more to copy
-    const Segment u = decode_row<H>(a, domain, row);
-    const StreamGemmPart& p = a.parts[u.part];
-    const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
-    if ((t0 + up) % R != 0 || t0 + R > p.tiles) return;
-    const int64_t at = nvfp4_tile_index(t0 + up, c, pl.chunks);
-    codes = static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes;
-    scales = reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes;
-  }
-  __device__ void seek(int64_t chunk) {
-    x = chunk;
-    row = chunk / pl.chunks;
-    c = static_cast<int32_t>(chunk - row * pl.chunks);
-    locate();
-  }
-  // Chunk c + 1 of a tile is 4 tiles further (group-major).
-  __device__ void next() {
-    ++x;
-    if (codes != nullptr) {
-      codes += R * kNvfp4TileBytes;
-      scales += R * kScaleBytes;
-    }
-    if (++c == pl.chunks) {
-      c = 0;
-      ++row;
-      locate();
-    }
-  }
+  TmaChunkCursor<H, Plan> cur{a, pl};  // the next chunk to put in
 
   // The cursor's chunk's weights into stage `dst`, completing on `bar`.
   __device__ void copy_weights(uint32_t dst, uint32_t bar) const {
-    if (codes != nullptr) {
-      bulk_copy_to(dst, codes, R * kNvfp4TileBytes, bar);
-      bulk_copy_to(dst + R * kNvfp4TileBytes, scales, R * kScaleBytes, bar);
-      return;
-    }
-    // Up rows that start inside a storage group, or tiles past the part's end (they read its last
-    // tile, valid memory; their outputs are dropped).
-    const Segment u = decode_row<H>(a, domain, row);
-    const StreamGemmPart& p = a.parts[u.part];
-    const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = nvfp4_tile_index(min(t0 + r, p.tiles - 1) + up, c, pl.chunks);
-      bulk_copy_to(dst + r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes,
-                   kNvfp4TileBytes, bar);
-      bulk_copy_to(dst + R * kNvfp4TileBytes + r * kScaleBytes,
-                   reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes, kScaleBytes, bar);
-    }
+    cur.weight_copies([&](int offset, const uint8_t* src, int bytes) { bulk_copy_to(dst + offset, src, bytes, bar); });
   }
   // The cursor's chunk's activations, x[0..M, 64 c..64 c + 64), after the stage's weights.
   __device__ void copy_x(uint32_t dst, uint32_t bar) const {
-    tensor_copy_2d(dst + Nv::kWeightBytes, xmap, c * Nv::kChunkK, 0, bar);
+    tensor_copy_2d(dst + Nv::kWeightBytes, xmap, cur.c * Nv::kChunkK, 0, bar);
   }
   // Whether the ring's next stage is free (its previous chunk read), without waiting.
   __device__ bool stage_free() const {
@@ -177,19 +120,20 @@ struct ProducerLane {
     copy_weights(dst, bar);
     if (with_x) copy_x(dst, bar);
     ++k;
-    next();
+    cur.next();
   }
 
   // Asks L2 for the lane's share of pl.prefetch_bytes (StreamGemmTuning::prefetch_kb) of the
   // chunks after the cursor, within its row and below `we` (the row's stretch of codes and
   // scales; nothing where the row is copied tile by tile).
   __device__ void prefetch_more(int64_t we) const {
-    if (pl.prefetch_bytes <= 0 || codes == nullptr || x >= we) return;
+    constexpr int R = kNvfp4GroupTiles;
+    if (pl.prefetch_bytes <= 0 || cur.codes == nullptr || cur.x >= we) return;
     const int64_t wanted = pl.prefetch_bytes / kConsumers / Nv::kWeightBytes;
-    const int64_t n = min(min(wanted, we - x), static_cast<int64_t>(pl.chunks - c));
+    const int64_t n = min(min(wanted, we - cur.x), static_cast<int64_t>(pl.chunks - cur.c));
     if (n <= 0) return;
-    prefetch_l2_bulk(codes, static_cast<uint32_t>(n * R * kNvfp4TileBytes));
-    prefetch_l2_bulk(scales, static_cast<uint32_t>(n * R * kScaleBytes));
+    prefetch_l2_bulk(cur.codes, static_cast<uint32_t>(n * R * kNvfp4TileBytes));
+    prefetch_l2_bulk(cur.scales, static_cast<uint32_t>(n * R * cur.kScaleBytes));
   }
 
   // Lane 0 hands unit `u` of `d` (d = -1: none left) to the consumers through unit slot
@@ -219,40 +163,40 @@ struct ProducerLane {
     uint32_t handed = 0;
     int u = 0;
     int64_t wb = 0, we = 0, early = 0;
-    domain = -1;
+    cur.domain = -1;
     if (pl.static_first) {  // one domain: unit blockIdx.x
-      domain = 0;
+      cur.domain = 0;
       u = static_cast<int>(blockIdx.x);
-      warp_range(pl, domain, u, w, &wb, &we);
+      warp_range(pl, cur.domain, u, w, &wb, &we);
       early = min(static_cast<int64_t>(pl.stages), we - wb);
-      seek(wb);
+      cur.seek(wb);
       for (int64_t i = 0; i < early; ++i) issue(false);
       prefetch_more(we);
     }
     wait_for_previous_grid();  // the activations may be its outputs; the counters its leftovers
     if (pl.static_first) {
-      seek(wb);
-      for (uint32_t i = 0; i < early; ++i, next()) copy_x(rings.stage(w, i), rings.full(w, i));
+      cur.seek(wb);
+      for (uint32_t i = 0; i < early; ++i, cur.next()) copy_x(rings.stage(w, i), rings.full(w, i));
     } else {
-      if (w == 0) q.take(&domain, &u);
-      domain = __shfl_sync(kLanes, domain, 0);
+      if (w == 0) q.take(&cur.domain, &u);
+      cur.domain = __shfl_sync(kLanes, cur.domain, 0);
       u = __shfl_sync(kLanes, u, 0);
-      if (domain >= 0) {
-        warp_range(pl, domain, u, w, &wb, &we);
-        seek(wb);
+      if (cur.domain >= 0) {
+        warp_range(pl, cur.domain, u, w, &wb, &we);
+        cur.seek(wb);
       }
     }
-    hand_over(domain, u, &handed);
-    while (domain >= 0) {
-      if (x == we) {  // the unit's chunks are in: the CTA's next unit
+    hand_over(cur.domain, u, &handed);
+    while (cur.domain >= 0) {
+      if (cur.x == we) {  // the unit's chunks are in: the CTA's next unit
         __syncwarp(kLanes);
-        if (w == 0) q.take(&domain, &u);
-        domain = __shfl_sync(kLanes, domain, 0);
+        if (w == 0) q.take(&cur.domain, &u);
+        cur.domain = __shfl_sync(kLanes, cur.domain, 0);
         u = __shfl_sync(kLanes, u, 0);
-        hand_over(domain, u, &handed);
-        if (domain < 0) break;
-        warp_range(pl, domain, u, w, &wb, &we);
-        seek(wb);
+        hand_over(cur.domain, u, &handed);
+        if (cur.domain < 0) break;
+        warp_range(pl, cur.domain, u, w, &wb, &we);
+        cur.seek(wb);
       } else if (stage_free()) {
         issue(true);
       } else {
@@ -416,7 +360,9 @@ bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t g
                             int sms, const StreamGemmTuning& t, cudaStream_t stream) {
   int device = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  if (a.format != StreamWeight::kNVFP4 || a.m > 16 || !device_has_tma(device)) return false;
+  // K < 64: the activation box (64 wide) would be wider than the tensor, which the tensor-map
+  // rules do not promise to accept; such weights are tiny, the cp.async kernel takes them.
+  if (a.format != StreamWeight::kNVFP4 || a.m > 16 || a.k < Nv::kChunkK || !device_has_tma(device)) return false;
   for (int i = 0; i < a.num_parts; ++i)
     if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
   return a.swiglu ? launch_for_m<2>(a, work, groups_total, rows_total, sms, t, stream)
