@@ -434,6 +434,18 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
     for (const int64_t M : {1, 24}) {
       TwoDomainProblem pb(sh.heads, M, sh.n, sh.k, sh.heads / 2);
       const cuda::detail::BmmTmaArgs whole = pb.whole();
+      {  // the knob took effect: a smaller ring for the next launch beside, except at K = 512,
+         // where half an SM has no room for two slots and the usual ring is kept
+        cuda::detail::BmmTmaTuning beside;
+        beside.beside_next = 1;
+        cuda::detail::set_bmm_tma_tuning(beside);
+        const int beside_slots = cuda::detail::bmm_tma_ring_slots(whole);
+        cuda::detail::set_bmm_tma_tuning({});
+        const int usual_slots = cuda::detail::bmm_tma_ring_slots(whole);
+        if (sh.k == 128) EXPECT_LT(beside_slots, usual_slots) << "K 128, M " << M;
+        else EXPECT_EQ(beside_slots, usual_slots) << "K " << sh.k << ", M " << M;
+        EXPECT_GE(beside_slots, 2);
+      }
       Tensor first;  // the first result, which every other must equal bitwise
       // Early copies of 0, 2 and 8 slots; and 2 with the ring sized for the next launch beside.
       for (const auto [mode, beside] : {std::pair{0, 0}, {2, 0}, {8, 0}, {2, 1}})

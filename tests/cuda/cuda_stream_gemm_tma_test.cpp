@@ -48,9 +48,10 @@ TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   // 200 rows: a partial last row group; 416 = 2 x 208: SwiGLU up rows start inside a storage
-  // group; K = 1552 and 192: a K tail and rows of 3 chunks.
+  // group; K = 1552 and 192: a K tail and rows of 3 chunks; 32768 x 1024: 512 rows, so that with
+  // whole rows as units (units -1) a CTA takes several, handed over one ahead.
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 7168}, {5, 200, 192}, {9, 416, 1552},
-                         {16, 1024, 1536}, {12, 2048, 3072}}) {
+                         {16, 1024, 1536}, {12, 2048, 3072}, {1, 32768, 1024}}) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " N " << n << " K " << k);
     Tensor x = randn({m, k}, DType::kBF16, seed + n);
     const ops::Nvfp4Weight host = random_nvfp4(n, k, seed + n + 1);

@@ -560,9 +560,10 @@ int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 int ctas_per_sm(const BmmTmaArgs& a) { return a.num_domains == 1 && g_tuning.ctas_per_sm > 1 ? g_tuning.ctas_per_sm : 1; }
 
-// The ring, x buffers and staging buffers of `pl` for `per_sm` CTAs sharing an SM's memory and
-// the 128 KB in flight; pl->slots < kConsumerGroups when they do not fit.
-void size_ring(const BmmTmaArgs& a, int device, int per_sm, BmmPlan* plan) {
+// The ring, x buffers and staging buffers of `pl` for `per_sm` CTAs sharing an SM's memory, of
+// which `streaming` (this launch's) share the 128 KB in flight; pl->slots < kConsumerGroups when
+// they do not fit.
+void size_ring(const BmmTmaArgs& a, int device, int per_sm, int streaming, BmmPlan* plan) {
   BmmPlan& pl = *plan;
   const int room = per_sm == 1 ? optin_smem(device)
                                 : device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor) / per_sm - 1024;
@@ -573,7 +574,7 @@ void size_ring(const BmmTmaArgs& a, int device, int per_sm, BmmPlan* plan) {
     pl.x_buffers = 2 * pl.x_bytes + 2 * pl.slot_bytes <= budget ? 2 : 1;
     // About 128 KB of weights in flight per SM covers the memory latency.
     // (The benchmark knob sets the count, within the memory.)
-    const int wanted = g_tuning.slots >= 2 ? g_tuning.slots : std::max(2, (128 << 10) / (pl.slot_bytes * per_sm));
+    const int wanted = g_tuning.slots >= 2 ? g_tuning.slots : std::max(2, (128 << 10) / (pl.slot_bytes * streaming));
     pl.slots = std::min({kMaxSlots, wanted, (budget - pl.x_buffers * pl.x_bytes) / pl.slot_bytes});
     // A whole number of slots per group, so that every slot is always the same group's: a group
     // tells a slot's fills apart by phase parity alone, which is sound only where the slot's
@@ -598,7 +599,7 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   // BmmTmaTuning::beside_next sizes for twice as many (the next launch's CTAs beside these) and
   // falls back to the usual size where that leaves no room for two slots.
   for (const int per_sm : {ctas_per_sm(a) * (g_tuning.beside_next ? 2 : 1), ctas_per_sm(a)}) {
-    size_ring(a, device, per_sm, &pl);
+    size_ring(a, device, per_sm, ctas_per_sm(a), &pl);
     if (pl.slots >= kConsumerGroups) break;
   }
   return pl;
@@ -638,11 +639,17 @@ void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int hea
   {  // allow every size size_plan may pick (both forms: untraced, traced)
     int device = 0;
     LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-    for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>}) {
-      cudaFuncAttributes attr{};  // its static shared memory: Smem, as the compiler pads it
-      LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-      raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), optin_smem(device) - static_cast<int>(attr.sharedSizeBytes));
-    }
+    const auto forms = {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>};
+    static const int static_bytes = [&] {  // their static shared memory (Smem, as the compiler pads it)
+      int most = 0;
+      for (auto* k : forms) {
+        cudaFuncAttributes attr{};
+        LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+        most = std::max(most, static_cast<int>(attr.sharedSizeBytes));
+      }
+      return most;
+    }();
+    for (auto* k : forms) raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), optin_smem(device) - static_bytes);
   }
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
   // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/env_settings.h"
 
 namespace locus::cuda::detail {
@@ -33,32 +34,69 @@ bool stream_capturing(cudaStream_t s) {
   return st != cudaStreamCaptureStatusNone;
 }
 
+namespace {
+
+// Two CUDA events, destroyed however the timing ends.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    LOCUS_CUDA_CHECK(cudaEventCreate(&start));
+    LOCUS_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+// Twice the L2 of zeros (the last 16 bytes a sink for the sweep), allocated on `stream` for one
+// timing and freed after it; nullptr, with the error cleared, where the memory is not there (then
+// the runs are timed warm: a choice still gets made, and the model's forward does not fail).
+struct FlushBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  cudaStream_t stream;
+  explicit FlushBuffer(cudaStream_t s) : stream(s) {
+    int device = 0;
+    LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+    bytes = 2 * static_cast<size_t>(std::max(device_attribute(device, cudaDevAttrL2CacheSize), 1 << 20));
+    if (cudaMallocAsync(&p, bytes + 16, stream) != cudaSuccess) {
+      cudaGetLastError();
+      p = nullptr;
+      return;
+    }
+    LOCUS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes + 16, stream));
+  }
+  ~FlushBuffer() {
+    if (p) cudaFreeAsync(p, stream);
+  }
+  FlushBuffer(const FlushBuffer&) = delete;
+  FlushBuffer& operator=(const FlushBuffer&) = delete;
+  unsigned* sink() const { return reinterpret_cast<unsigned*>(static_cast<char*>(p) + bytes); }
+};
+
+}  // namespace
+
 float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
-  // Twice the L2, written before each run: a run then reads its operands from memory, as a
-  // model's weights are read at decode (each layer's once per step), not from what the run
-  // before it left in L2. (Timed warm, a tactic can win on operands that never are.)
-  int device = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  const size_t flush_bytes = 2 * static_cast<size_t>(std::max(device_attribute(device, cudaDevAttrL2CacheSize), 1 << 20));
-  void* flush = nullptr;
-  LOCUS_CUDA_CHECK(cudaMallocAsync(&flush, flush_bytes, stream));
-  cudaEvent_t e0, e1;
-  LOCUS_CUDA_CHECK(cudaEventCreate(&e0));
-  LOCUS_CUDA_CHECK(cudaEventCreate(&e1));
+  // Before each run, twice the L2 is read through it: the run then reads its operands from
+  // memory, as a model's weights are read at decode (each layer's once per step), not from what the
+  // run before it left in L2 (timed warm, a tactic can win on operands that never are). A read, not
+  // a write: the lines the run evicts are clean, as a decode step's predecessor leaves them.
+  const FlushBuffer flush(stream);
+  const EventPair ev;
   float best = 1e30f;
   for (int rep = 0; rep < 4; ++rep) {
-    LOCUS_CUDA_CHECK(cudaMemsetAsync(flush, rep, flush_bytes, stream));
-    LOCUS_CUDA_CHECK(cudaEventRecord(e0, stream));
+    if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
+    LOCUS_CUDA_CHECK(cudaEventRecord(ev.start, stream));
     call();
-    LOCUS_CUDA_CHECK(cudaEventRecord(e1, stream));
-    LOCUS_CUDA_CHECK(cudaEventSynchronize(e1));
+    LOCUS_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+    LOCUS_CUDA_CHECK(cudaEventSynchronize(ev.stop));
     float ms = 0;
-    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
     if (rep > 0) best = std::min(best, ms);  // the first run is a warm-up
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  LOCUS_CUDA_CHECK(cudaFreeAsync(flush, stream));
   return best;
 }
 

@@ -22,8 +22,9 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
 int chosen_path(const std::string& key);
 
 // Milliseconds of one call of `call` on `stream`: a warm-up, then the best of 3 (CUDA events),
-// each run after twice the L2 was written over, so that it reads its operands from memory as a
-// decode step does. Its work is real. cuBLASLt's tactic choice times its candidates with it too.
+// each run after twice the L2 was read through it, so that it reads its operands from memory as a
+// decode step does (where that much memory is not free, the runs are timed warm). Its work is
+// real. cuBLASLt's tactic choice times its candidates with it too.
 float time_call_ms(const std::function<void()>& call, cudaStream_t stream);
 
 // Whether `s` is being captured into a CUDA graph (then nothing may be timed or synchronized).
