@@ -3,12 +3,13 @@
 # streaming GEMM's two feeds side by side (StreamGemmTuning::feed; stream_gemm_tma_kernel.cu).
 #   0. the TMA feed's GPU tests one at a time, each under a short timeout, so that a hang costs
 #      seconds and names its test (the feed had never run when this was written);
-#   1. the other streaming GEMM tests (both feeds), then, if the TMA tests passed, those under
-#      compute-sanitizer (memcheck, synccheck);
-#   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings and (if the
-#      TMA tests passed) the TMA feed, and the TMA feed with 256 KB per CTA asked of L2 early,
+#   1. the other streaming GEMM tests (both feeds);
+#   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings and (unless
+#      a TMA test hung or crashed) the TMA feed, and the TMA feed with 256 KB per CTA asked of L2 early,
 #      alternating, two rounds;
-#   3. the K-split sweep (its last three columns are the TMA feed).
+#   3. the K-split sweep (its last three columns are the TMA feed);
+#   4. (unless a TMA test hung or crashed) each TMA test under compute-sanitizer (memcheck,
+#      synccheck), with what is left of the budget.
 # Every step's timeout is cut to what is left of the budget (--budget S, default 570 s: the device
 # tool's 600 s per call), and a step that cannot get 20 s is skipped. Logs, tables and
 # summary.txt (written as it goes) go to $OUT (or /tmp/locus-feed-ab); the summary comes last.
@@ -42,7 +43,8 @@ run() {
   timeout "$want" "$@" > "$log" 2>&1
 }
 
-# 0. The TMA feed's tests, one process each.
+# 0. The TMA feed's tests, one process each. A hang, a crash or no GPU (tma_ok=0) leaves the TMA
+#    feed out of the later steps.
 tma_ok=1
 mapfile -t tma_tests < <("$CARRY/locus_cuda_tests" --gtest_list_tests --gtest_filter='CudaStreamGemmTma*' |
   awk '/^[^ ]/ {suite=$1} /^  [^ ]/ {print suite $1}')
@@ -55,22 +57,14 @@ for t in "${tma_tests[@]}"; do
        else note "TMA test $t: passed"; fi ;;
     124) note "TMA test $t: HUNG (killed after its timeout)"; tma_ok=0 ;;
     *) note "TMA test $t: FAILED, exit $rc ($(grep -m1 -E 'Failure|error|what\(\)' "$OUT/tma_${t//[^A-Za-z0-9]/_}.log"))"
-       tma_ok=0 ;;
+       ((rc > 128)) && tma_ok=0 ;;  # a crash stops the TMA steps; a wrong result does not (time it, sanitize it)
   esac
 done
 
-# 1. The other streaming tests (the traced and chained ones run both feeds), then the sanitizer.
+# 1. The other streaming tests (the traced and chained ones run both feeds).
 run 180 "$OUT/tests.log" "$CARRY/locus_cuda_tests" --gtest_brief=1 \
   --gtest_filter='CudaStreamGemm*:CudaStreamDomains*:-CudaStreamGemmTma*'
 note "other streaming GEMM tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | head -3 | tr '\n' ' ')"
-if ((sanitize && tma_ok)); then
-  for tool in memcheck synccheck; do
-    run 150 "$OUT/sanitizer_$tool.log" /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      "$CARRY/locus_cuda_tests" --gtest_brief=1 --gtest_filter='CudaStreamGemmTma*'
-    note "compute-sanitizer $tool (TMA feed tests): exit $?, $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
-  done
-fi
-
 # 2. Variants: the cp.async rings; the TMA feed; the TMA feed asking L2 for 256 KB more per CTA early.
 variants=("0 0"); ((tma_ok)) && variants+=("1 0" "1 256")
 for round in 1 2; do
@@ -82,8 +76,22 @@ for round in 1 2; do
     note "timeline $name round $round: exit $?, $OUT/timeline_${name}_round$round.md"
   done
 done
-# 3. The sweep (its TMA columns only mean something when the TMA tests passed).
+# 3. The sweep (its TMA columns only mean something when the TMA tests ran).
 run 120 "$OUT/sweep.log" "$CARRY/cuda_gemm_bench" --sweep --quick --m 1 "${shape[@]}"
 note "sweep: exit $?, $OUT/sweep.log"
+# 4. Last, with what is left of the budget: the TMA feed's tests under compute-sanitizer, one
+#    process per test and tool (a slow one then costs only its own timeout).
+if ((sanitize && tma_ok)); then
+  for tool in memcheck synccheck; do
+    for t in "${tma_tests[@]}"; do
+      log="$OUT/sanitizer_${tool}_${t//[^A-Za-z0-9]/_}.log"
+      run 90 "$log" /usr/local/cuda/bin/compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$CARRY/locus_cuda_tests" --gtest_brief=1 --gtest_filter="$t"
+      rc=$?
+      ((rc == 125)) && break 2
+      note "compute-sanitizer $tool $t: exit $rc$( ((rc == 124)) && echo ' (timed out)'), $(grep -E 'ERROR SUMMARY' "$log" | tail -1)"
+    done
+  done
+fi
 echo "==== summary ($OUT, ${SECONDS} s)"
 cat "$OUT/summary.txt"
