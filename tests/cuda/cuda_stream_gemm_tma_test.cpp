@@ -21,12 +21,13 @@ namespace {
 using namespace locus::testing;
 namespace cd = cuda::detail;
 
-// Sets the TMA feed (with the given units per CTA, ring depth and KB asked of L2 early) for the
-// test's scope.
+// Sets the TMA feed (with the given units per CTA, ring depth, KB asked of L2 early and consumer
+// warps) for the test's scope.
 struct TmaFeed {
-  explicit TmaFeed(int units = 0, int stages = 0, int prefetch_kb = 0) {
+  explicit TmaFeed(int units = 0, int stages = 0, int prefetch_kb = 0, int warps = 0) {
     cd::StreamGemmTuning t;
     t.units_per_cta = units;
+    t.warps = warps;
     t.stages = stages;
     t.prefetch_kb = prefetch_kb;
     t.feed = 1;
@@ -42,6 +43,26 @@ bool ran_tma(F&& launch) {
   const uint64_t tma = cd::stream_gemm_feed_launches(1), rings = cd::stream_gemm_feed_launches(0);
   launch();
   return cd::stream_gemm_feed_launches(1) == tma + 1 && cd::stream_gemm_feed_launches(0) == rings;
+}
+
+// The knobs are checked when set (no GPU needed): 16 warps are the TMA feed's consumer warps only,
+// 4 the cp.async rings' only, and ring depths follow the feed.
+TEST(CudaStreamGemmTmaTuning, WarpsAndStagesFollowTheFeed) {
+  auto tuning = [](int feed, int warps, int stages) {
+    cd::StreamGemmTuning t;
+    t.feed = feed;
+    t.warps = warps;
+    t.stages = stages;
+    return t;
+  };
+  EXPECT_NO_THROW(cd::set_stream_gemm_tuning(tuning(1, 16, 6)));
+  EXPECT_NO_THROW(cd::set_stream_gemm_tuning(tuning(1, 8, 0)));
+  EXPECT_NO_THROW(cd::set_stream_gemm_tuning(tuning(0, 4, 4)));
+  EXPECT_THROW(cd::set_stream_gemm_tuning(tuning(0, 16, 0)), Error);
+  EXPECT_THROW(cd::set_stream_gemm_tuning(tuning(1, 4, 0)), Error);
+  EXPECT_THROW(cd::set_stream_gemm_tuning(tuning(0, 8, 6)), Error);
+  EXPECT_THROW(cd::set_stream_gemm_tuning(tuning(2, 0, 0)), Error);
+  cd::set_stream_gemm_tuning({});
 }
 
 TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
@@ -61,11 +82,13 @@ TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
     const std::vector<double> dq = dequant_ref(host);
     const std::vector<double> ref = ref_gemm_dense(x, dq, n, Tensor()), ref_bias = ref_gemm_dense(x, dq, n, bias);
     const std::vector<double> ref_gated = ref_swiglu(ref, m, n / 2);
-    for (auto [units, stages, prefetch_kb] : {std::tuple{0, 0, 0}, {-1, 0, 0}, {1, 0, 0}, {2, 0, 0}, {5, 0, 0},
-                                              {0, 2, 0}, {1, 4, 0}, {0, 0, 512}}) {
+    // The last three: 16 consumer warps (one CTA per SM).
+    for (auto [units, stages, prefetch_kb, warps] :
+         {std::tuple{0, 0, 0, 0}, {-1, 0, 0, 0}, {1, 0, 0, 0}, {2, 0, 0, 0}, {5, 0, 0, 0}, {0, 2, 0, 0}, {1, 4, 0, 0},
+          {0, 0, 512, 0}, {0, 0, 0, 16}, {-1, 0, 0, 16}, {2, 2, 0, 16}}) {
       SCOPED_TRACE(::testing::Message() << "units per CTA " << units << ", stages " << stages << ", prefetch "
-                                        << prefetch_kb << " KB");
-      TmaFeed feed(units, stages, prefetch_kb);
+                                        << prefetch_kb << " KB, warps " << warps);
+      TmaFeed feed(units, stages, prefetch_kb, warps);
       Tensor y = poisoned_gpu({m, n}, DType::kFP32);
       EXPECT_TRUE(ran_tma([&] { cuda::nvfp4_gemm(xg, w, {}, y, nullptr); }));
       EXPECT_LT(rel_error(fetch(y), ref), fp32_out_gemm_tolerance(k));
@@ -126,14 +149,17 @@ TEST(CudaStreamGemmTma, RepeatableCapturedAndReloadedInPlace) {
   cudaStreamDestroy(stream);
 }
 
-// BF16 weights and M > 16 are not the TMA feed's: they run the cp.async kernel, correctly.
+// BF16 weights and M > 16 are not the TMA feed's: they run the cp.async kernel, correctly, also
+// under the TMA feed's ring depth and consumer warps.
 TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  TmaFeed feed(0, 6);  // a TMA ring depth: the cp.async kernel must not take it for its own
   const int64_t K = 1024, N = 512;
-  for (const int64_t M : {4, 24}) {
+  // A TMA ring depth and consumer warp count: the cp.async kernel must not take them for its own.
+  for (const auto [M, warps] : {std::pair<int64_t, int>{4, 0}, {24, 0}, {4, 16}, {24, 16}}) {
+    SCOPED_TRACE(::testing::Message() << "M " << M << ", warps " << warps);
+    TmaFeed feed(0, 6, 0, warps);
     Tensor x = randn({M, K}, DType::kBF16, seed + M);
     const Tensor xg = to_gpu(x);
     Tensor w = randn({N, K}, DType::kBF16, seed + M + 1, 0.05);

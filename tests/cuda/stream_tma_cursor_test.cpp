@@ -21,7 +21,6 @@ namespace {
 
 constexpr int R = kNvfp4GroupTiles;
 constexpr int kStageBytes = R * (kNvfp4TileBytes + 64);  // Format<kNVFP4>::kWeightBytes
-constexpr int kWarps = kWideWarps;
 
 // The storage of one prepared NVFP4 weight of n rows (64-row padded) and C chunks.
 struct Storage {
@@ -62,7 +61,29 @@ std::vector<const uint8_t*> expected_stage(const StreamGemmPart& p, const Row& r
   return want;
 }
 
-// Walks every warp's share of every unit of every domain, for each cut into `unit_counts` units.
+// The copies the cursor makes for its chunk (chunk c of `row`, of part p stored in `s`): each of the
+// stage's bytes once, the byte expected_stage says, from inside the part's storage.
+template <class Cursor>
+void check_copies(const Cursor& cur, const StreamGemmPart& p, const Row& row, int64_t c, int64_t chunks,
+                  const Storage& s) {
+  const std::vector<const uint8_t*> want = expected_stage(p, row, c, chunks);
+  std::vector<const uint8_t*> got(kStageBytes, nullptr);
+  int bytes_copied = 0;
+  cur.weight_copies([&](int offset, const uint8_t* src, int bytes) {
+    ASSERT_TRUE(offset % 16 == 0 && bytes % 16 == 0 && offset >= 0 && offset + bytes <= kStageBytes);
+    bytes_copied += bytes;
+    for (int i = 0; i < bytes; ++i) got[offset + i] = src + i;
+  });
+  ASSERT_EQ(bytes_copied, kStageBytes);  // each byte once: what the stage's barrier expects
+  ASSERT_EQ(got, want);
+  for (int i = 0; i < kStageBytes; ++i) {
+    const std::vector<uint8_t>& buf = i < R * kNvfp4TileBytes ? s.codes : s.scales;
+    ASSERT_TRUE(got[i] >= buf.data() && got[i] < buf.data() + buf.size()) << "stage byte " << i;
+  }
+}
+
+// Walks every warp's share (8 and 16 consumer warps) of every unit of every domain, for each cut
+// into `unit_counts` units.
 template <int H>
 void check_walks(StreamGemmArgs a, const std::vector<Storage>& storage, std::vector<int64_t> unit_counts) {
   int64_t groups_total = 0, rows_total = 0;
@@ -78,40 +99,27 @@ void check_walks(StreamGemmArgs a, const std::vector<Storage>& storage, std::vec
           for (int h = 0; h < H; ++h) rows.push_back({q, g, h});
     ASSERT_EQ(static_cast<int64_t>(rows.size()), work.rows[d]);
     const int64_t t = static_cast<int64_t>(rows.size()) * work.chunks;
-    for (int64_t units : unit_counts) {
-      units = std::min(units, t);
-      for (int64_t u = 0; u < units; ++u) {
-        int64_t begin = 0, end = 0;
-        stream_k_range(t, units, u, &begin, &end);
-        for (int w = 0; w < kWarps; ++w) {
-          const int64_t wb = begin + (end - begin) * w / kWarps, we = begin + (end - begin) * (w + 1) / kWarps;
-          TmaChunkCursor<H, PlanView> cur{a, pl};
-          cur.domain = d;
-          cur.seek(wb);
-          for (int64_t x = wb; x < we; ++x, cur.next()) {
-            SCOPED_TRACE(::testing::Message() << "domain " << d << ", " << units << " units, unit " << u << ", warp "
-                                              << w << ", chunk " << x);
-            ASSERT_EQ(cur.x, x);
-            const Row& row = rows[x / work.chunks];
-            const StreamGemmPart& p = a.parts[row.part];
-            const std::vector<const uint8_t*> want = expected_stage(p, row, x % work.chunks, work.chunks);
-            std::vector<const uint8_t*> got(kStageBytes, nullptr);
-            int bytes_copied = 0;
-            cur.weight_copies([&](int offset, const uint8_t* src, int bytes) {
-              ASSERT_TRUE(offset % 16 == 0 && bytes % 16 == 0 && offset >= 0 && offset + bytes <= kStageBytes);
-              bytes_copied += bytes;
-              for (int i = 0; i < bytes; ++i) got[offset + i] = src + i;
-            });
-            ASSERT_EQ(bytes_copied, kStageBytes);  // each byte once: what the stage's barrier expects
-            ASSERT_EQ(got, want);
-            // From inside the part's storage.
-            const Storage& s = storage[row.part];
-            for (int i = 0; i < kStageBytes; ++i) {
-              const std::vector<uint8_t>& buf = i < R * kNvfp4TileBytes ? s.codes : s.scales;
-              ASSERT_TRUE(got[i] >= buf.data() && got[i] < buf.data() + buf.size()) << "stage byte " << i;
+    for (const int warps : {kWideWarps, 2 * kWideWarps}) {
+      for (int64_t units : unit_counts) {
+        units = std::min(units, t);
+        for (int64_t u = 0; u < units; ++u) {
+          int64_t begin = 0, end = 0;
+          stream_k_range(t, units, u, &begin, &end);
+          for (int w = 0; w < warps; ++w) {
+            const int64_t wb = begin + (end - begin) * w / warps, we = begin + (end - begin) * (w + 1) / warps;
+            TmaChunkCursor<H, PlanView> cur{a, pl};
+            cur.domain = d;
+            cur.seek(wb);
+            for (int64_t x = wb; x < we; ++x, cur.next()) {
+              SCOPED_TRACE(::testing::Message() << "domain " << d << ", " << units << " units, unit " << u << ", warp "
+                                                << w << " of " << warps << ", chunk " << x);
+              ASSERT_EQ(cur.x, x);
+              const Row& row = rows[x / work.chunks];
+              check_copies(cur, a.parts[row.part], row, x % work.chunks, work.chunks, storage[row.part]);
+              if (::testing::Test::HasFatalFailure()) return;  // one wrong chunk is enough to say
             }
+            EXPECT_EQ(cur.x, we);
           }
-          EXPECT_EQ(cur.x, we);
         }
       }
     }

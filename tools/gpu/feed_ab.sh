@@ -5,8 +5,8 @@
 #      seconds and names its test (the feed had never run when this was written);
 #   1. the other streaming GEMM tests (both feeds);
 #   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings and (unless
-#      a TMA test hung or crashed) the TMA feed, and the TMA feed with 256 KB per CTA asked of L2 early,
-#      alternating, two rounds;
+#      a TMA test hung or crashed) the TMA feed with 8 and with 16 consumer warps, alternating, two
+#      rounds;
 #   3. the K-split sweep (its last three columns are the TMA feed);
 #   4. (unless a TMA test hung or crashed) each TMA test under compute-sanitizer (memcheck,
 #      synccheck), with what is left of the budget.
@@ -65,14 +65,15 @@ done
 run 180 "$OUT/tests.log" "$CARRY/locus_cuda_tests" --gtest_brief=1 \
   --gtest_filter='CudaStreamGemm*:CudaStreamDomains*:-CudaStreamGemmTma*'
 note "other streaming GEMM tests: exit $?, $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/tests.log" | head -3 | tr '\n' ' ')"
-# 2. Variants: the cp.async rings; the TMA feed; the TMA feed asking L2 for 256 KB more per CTA early.
-variants=("0 0"); ((tma_ok)) && variants+=("1 0" "1 256")
+# 2. Variants (feed, consumer warps): the cp.async rings; the TMA feed with 8 consumer warps (the
+#    next launch's CTA beside); the TMA feed with 16 (one CTA per SM, none beside).
+variants=("0 0"); ((tma_ok)) && variants+=("1 8" "1 16")
 for round in 1 2; do
   for variant in "${variants[@]}"; do
     set -- $variant
-    name="feed$1_prefetch$2"
+    name="feed$1_warps$2"
     run 60 "$OUT/timeline_${name}_round$round.md" "$CARRY/cuda_stream_timeline_bench" "${shape[@]}" --m 1,16 \
-      --tuning "0,0,0,1,$2,$1"
+      --tuning "0,$2,0,1,0,$1"
     note "timeline $name round $round: exit $?, $OUT/timeline_${name}_round$round.md"
   done
 done

@@ -103,7 +103,8 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream);
 struct StreamGemmTuning {
   int units_per_cta = 0;  // 0: the heuristic; > 0: the stream-K cut with this many units per
                           // resident CTA; < 0: whole rows as units
-  int warps = 0;          // warps per CTA: 0 the heuristic, else 4 or 8
+  int warps = 0;          // warps per CTA: 0 the heuristic, else 4 or 8 (feed = 1: consumer warps,
+                          // 8 or 16; 16 leaves no room for the next launch's CTA beside)
   int stages = 0;         // ring depth per warp: 0 the heuristic, else 2..4 (2..6 with feed = 1)
   int dependent_launch = 1;  // 1: programmatic dependent launch (start during the previous
                              // kernel's tail, prefetching weights); 0: plain stream order

@@ -28,9 +28,12 @@ StreamGemmTuning stream_gemm_tuning() {
 }  // namespace
 
 void set_stream_gemm_tuning(const StreamGemmTuning& t) {
-  LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || t.warps == kNarrowWarps, "streaming GEMM: ", t.warps,
-              " warps per CTA (0, ", kNarrowWarps, " or ", kWideWarps, ")");
   LOCUS_CHECK(t.feed == 0 || t.feed == 1, "streaming GEMM: feed ", t.feed, " (0: cp.async rings, 1: TMA producer)");
+  LOCUS_CHECK(t.warps == 0 || t.warps == kWideWarps || (t.feed == 0 && t.warps == kNarrowWarps) ||
+                  (t.feed == 1 && t.warps == 2 * kWideWarps),
+              "streaming GEMM: ", t.warps, " warps per CTA with feed ", t.feed, " (0, ", kNarrowWarps, " or ",
+              kWideWarps, " with the cp.async rings; 0, ", kWideWarps, " or ", 2 * kWideWarps,
+              " consumer warps with the TMA producer)");
   const int max_stages = t.feed == 1 ? kStreamTmaMaxStages : kStreamRingMaxStages;
   LOCUS_CHECK(t.stages == 0 || (t.stages >= 2 && t.stages <= max_stages), "streaming GEMM: ring depth ", t.stages,
               " (0, or 2..", max_stages, " with feed ", t.feed,
@@ -141,7 +144,9 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
     ++g_feed_launches[1];
     return;
   }
-  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, t, stream);
+  StreamGemmTuning rings = t;
+  if (rings.warps > kWideWarps) rings.warps = 0;  // the TMA feed's 16 consumer warps: the rings' own choice
+  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, rings, stream);
   ++g_feed_launches[0];
 }
 

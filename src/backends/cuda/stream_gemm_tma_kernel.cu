@@ -9,7 +9,9 @@
 // launch's CTAs are resident while this one streams, and their producers copy their first chunks
 // of weights before this launch ends (no kernel writes weights: cuda_hooks.cpp, rule 5); the
 // activations follow after it. Copies no longer need the consumers' issue slots, so 8 warps per
-// SM dequantize while ~80-100 KB per SM are in flight.
+// SM dequantize while ~80-100 KB per SM are in flight. (Whether 8 dequantizing warps per SM keep
+// up is for the GPU to say: StreamGemmTuning::warps = 16 gives a CTA 16 consumer warps, one CTA
+// per SM and no next launch beside, to compare.)
 //
 // How. The work is the cp.async kernel's: per domain, stream-K units of its rows laid end to end;
 // with one domain CTA b's first unit is unit b, further units (and every unit with several
@@ -41,8 +43,13 @@
 namespace locus::cuda::detail {
 namespace {
 
-constexpr int kConsumers = kWideWarps;             // consumer warps; the producer is warp kConsumers
-constexpr int kThreads = 32 * (kConsumers + 1);
+// Consumer warps per CTA (the producer is warp W): 8 by default, so that with the producer warp
+// two CTAs fit an SM, this launch's and the next one's; 16 with StreamGemmTuning::warps = 16, one
+// CTA per SM with twice the warps dequantizing and no next launch beside (an experiment: which
+// limits the call, the warps that dequantize or the gaps between launches?).
+constexpr int kTmaWarpsBeside = kWideWarps, kTmaWarpsAlone = 2 * kWideWarps;
+template <int W>
+constexpr int kThreadsOf = 32 * (W + 1);
 constexpr int kMaxStages = kStreamTmaMaxStages;
 constexpr int kSmemAlign = 128;                    // tensor copies land on 128-byte boundaries
 using Nv = Format<StreamWeight::kNVFP4>;
@@ -51,9 +58,10 @@ static_assert(Nv::kWeightBytes % kSmemAlign == 0 && Nv::kXRowBytes % kSmemAlign 
 
 constexpr int kUnitSlots = 2;  // units handed from the producer to the consumers, one ahead
 
+template <int W>
 struct TmaSmem {
-  uint64_t full[kConsumers][kMaxStages];   // a stage's chunk landed
-  uint64_t empty[kConsumers][kMaxStages];  // its warp has read it
+  uint64_t full[W][kMaxStages];   // a stage's chunk landed
+  uint64_t empty[W][kMaxStages];  // its warp has read it
   uint64_t unit_full[kUnitSlots];          // the producer wrote the slot's unit
   uint64_t unit_empty[kUnitSlots];         // the consumers are done with it
   int2 units[kUnitSlots];                  // (domain, unit); domain -1: no more
@@ -66,17 +74,19 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 }
 
 // Warp w's chunks [*wb, *we) of `domain`'s unit `unit` (of the domain's rows laid end to end).
+template <int W>
 __device__ __forceinline__ void warp_range(const Plan& pl, int domain, int64_t unit, int w, int64_t* wb, int64_t* we) {
   int64_t begin, end;
   unit_range(pl, domain, unit, &begin, &end);
-  *wb = begin + (end - begin) * w / kConsumers;
-  *we = begin + (end - begin) * (w + 1) / kConsumers;
+  *wb = begin + (end - begin) * w / W;
+  *we = begin + (end - begin) * (w + 1) / W;
 }
 
 // A consumer warp's stage k (its k-th chunk over the launch) and that stage's barriers.
+template <int W>
 struct Rings {
   const Plan& pl;
-  TmaSmem& s;
+  TmaSmem<W>& s;
   uint32_t base;  // warp 0's stage 0
   __device__ int index(uint32_t k) const { return static_cast<int>(k % static_cast<uint32_t>(pl.stages)); }
   __device__ uint32_t stage(int w, uint32_t k) const { return base + (w * pl.stages + index(k)) * pl.slot_bytes; }
@@ -90,12 +100,12 @@ struct Rings {
 // once its stage is free. (A lane per consumer warp, so that the per-chunk bookkeeping of the 8
 // rings runs side by side; the lanes wait for their stages in step, much as one thread serving
 // the rings round robin would.)
-template <int H>
+template <int H, int W>
 struct ProducerLane {
   const StreamGemmArgs& a;
   const Plan& pl;
   const CUtensorMap* xmap;
-  Rings rings;
+  Rings<W> rings;
   int w;
   uint32_t k = 0;  // chunks put into the ring so far
   TmaChunkCursor<H, Plan> cur{a, pl};  // the next chunk to put in
@@ -129,7 +139,7 @@ struct ProducerLane {
   __device__ void prefetch_more(int64_t we) const {
     constexpr int R = kNvfp4GroupTiles;
     if (pl.prefetch_bytes <= 0 || cur.codes == nullptr || cur.x >= we) return;
-    const int64_t wanted = pl.prefetch_bytes / kConsumers / Nv::kWeightBytes;
+    const int64_t wanted = pl.prefetch_bytes / W / Nv::kWeightBytes;
     const int64_t n = min(min(wanted, we - cur.x), static_cast<int64_t>(pl.chunks - cur.c));
     if (n <= 0) return;
     prefetch_l2_bulk(cur.codes, static_cast<uint32_t>(n * R * kNvfp4TileBytes));
@@ -146,7 +156,7 @@ struct ProducerLane {
     mbar_arrive(shared_address(&s().unit_full[j]));  // release: the consumers see the unit
     ++*handed;
   }
-  __device__ TmaSmem& s() const { return rings.s; }
+  __device__ TmaSmem<W>& s() const { return rings.s; }
 
   // Every chunk of warp w's share of the CTA's units, which lane 0 takes (own domain first, then
   // the others': unit_queue.cuh) and hands to the consumers. With one domain a CTA's first unit
@@ -158,7 +168,7 @@ struct ProducerLane {
   // lanes converge (a lane whose consumer warp waits at a unit's end for the other consumers must
   // not be stuck behind a lane that waits for its own consumer).
   __device__ void run(int home) {
-    constexpr unsigned kLanes = (1u << kConsumers) - 1;
+    constexpr unsigned kLanes = (1u << W) - 1;
     UnitQueue<Plan> q{pl, a.num_domains, home};
     uint32_t handed = 0;
     int u = 0;
@@ -167,7 +177,7 @@ struct ProducerLane {
     if (pl.static_first) {  // one domain: unit blockIdx.x
       cur.domain = 0;
       u = static_cast<int>(blockIdx.x);
-      warp_range(pl, cur.domain, u, w, &wb, &we);
+      warp_range<W>(pl, cur.domain, u, w, &wb, &we);
       early = min(static_cast<int64_t>(pl.stages), we - wb);
       cur.seek(wb);
       for (int64_t i = 0; i < early; ++i) issue(false);
@@ -182,7 +192,7 @@ struct ProducerLane {
       cur.domain = __shfl_sync(kLanes, cur.domain, 0);
       u = __shfl_sync(kLanes, u, 0);
       if (cur.domain >= 0) {
-        warp_range(pl, cur.domain, u, w, &wb, &we);
+        warp_range<W>(pl, cur.domain, u, w, &wb, &we);
         cur.seek(wb);
       }
     }
@@ -195,7 +205,7 @@ struct ProducerLane {
         u = __shfl_sync(kLanes, u, 0);
         hand_over(cur.domain, u, &handed);
         if (cur.domain < 0) break;
-        warp_range(pl, cur.domain, u, w, &wb, &we);
+        warp_range<W>(pl, cur.domain, u, w, &wb, &we);
         cur.seek(wb);
       } else if (stage_free()) {
         issue(true);
@@ -210,8 +220,8 @@ struct ProducerLane {
 // launch in its stage k; *consumed counts them) and leaves each row's sums in its row slot, as
 // the cp.async kernel's warp_stream does. Traced launches stamp kStreamTraceFirst into `trace`
 // (if not nullptr) when its first chunk has landed.
-template <int MB, bool kTraced>
-__device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings& rings, int64_t wb,
+template <int MB, bool kTraced, int W>
+__device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings<W>& rings, int64_t wb,
                                         int64_t we, int64_t r_first, uint8_t* slots, int warp, int lane,
                                         uint32_t* consumed, unsigned long long* trace) {
   RowSums<kNvfp4GroupTiles, MB> sums;
@@ -230,19 +240,19 @@ __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl,
   sums.leave(slots, warp, r_first, lane);
 }
 
-template <int MB, int H, bool kTraced>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int MB, int H, bool kTraced, int W>
+__global__ void __launch_bounds__(kThreadsOf<W>, W == kTmaWarpsBeside ? 2 : 1)
     stream_gemm_tma_kernel(const __grid_constant__ StreamGemmArgs a, const __grid_constant__ Plan pl,
                            const __grid_constant__ CUtensorMap xmap) {
   extern __shared__ uint8_t smem[];
-  __shared__ TmaSmem s;
+  __shared__ TmaSmem<W> s;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint32_t raw = shared_address(smem);
   const uint32_t base = (raw + kSmemAlign - 1) / kSmemAlign * kSmemAlign;
-  uint8_t* slots = smem + (base - raw) + kConsumers * pl.ring_bytes;  // the row slots after the rings
-  const Rings rings{pl, s, base};
+  uint8_t* slots = smem + (base - raw) + W * pl.ring_bytes;  // the row slots after the rings
+  const Rings<W> rings{pl, s, base};
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kConsumers; ++w)
+    for (int w = 0; w < W; ++w)
       for (int i = 0; i < pl.stages; ++i) {
         mbar_init(shared_address(&s.full[w][i]), 1);
         mbar_init(shared_address(&s.empty[w][i]), 1);
@@ -256,9 +266,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // the last barrier of the whole CTA: from here on the roles part
   launch_dependents();
-  if (warp == kConsumers) {  // the producer warp: lane w feeds consumer warp w
+  if (warp == W) {  // the producer warp: lane w feeds consumer warp w
     if (lane == 0) prefetch_tensor_map(&xmap);
-    if (lane < kConsumers) ProducerLane<H>{a, pl, &xmap, rings, lane}.run(home_domain(a.sm_domain, a.num_domains, kNoDomain));
+    if (lane < W) ProducerLane<H, W>{a, pl, &xmap, rings, lane}.run(home_domain(a.sm_domain, a.num_domains, kNoDomain));
     return;
   }
   // Thread 0 stamps word w of the CTA's timeline record (traced launches only).
@@ -277,14 +287,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (domain < 0) break;
     int64_t begin, end, wb, we;
     unit_range(pl, domain, unit, &begin, &end);
-    warp_range(pl, domain, unit, warp, &wb, &we);
+    warp_range<W>(pl, domain, unit, warp, &wb, &we);
     if (we > wb)
-      consume<MB, kTraced>(a, pl, rings, wb, we, begin / pl.chunks, slots, warp, lane, &consumed,
+      consume<MB, kTraced, W>(a, pl, rings, wb, we, begin / pl.chunks, slots, warp, lane, &consumed,
                            kTraced && warp == 0 ? s.trace : nullptr);
-    unit_barrier<kConsumers, true>();
+    unit_barrier<W, true>();
     mark(kStreamTraceStreamed);
-    finish_unit<StreamWeight::kNVFP4, MB, H, kConsumers, true>(a, pl, domain, unit, begin, end, slots, warp, lane,
-                                                              s.last);  // ends with a barrier: the slot was read
+    finish_unit<StreamWeight::kNVFP4, MB, H, W, true>(a, pl, domain, unit, begin, end, slots, warp, lane,
+                                                     s.last);  // ends with a barrier: the slot was read
     mark(kStreamTraceEnd);
     if (threadIdx.x == 0) mbar_arrive(shared_address(&s.unit_empty[j]));
   }
@@ -310,22 +320,23 @@ CUtensorMap activation_map(const StreamGemmArgs& a) {
   return map;
 }
 
-template <int MB, int H>
+template <int MB, int H, int W>
 bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
                   const StreamGemmTuning& t, cudaStream_t stream) {
-  constexpr int R = kNvfp4GroupTiles, W = kConsumers;
+  constexpr int R = kNvfp4GroupTiles, kThreads = kThreadsOf<W>;
   const int rows_per_unit = unit_rows_one_per_cta(work, sms, W);  // one unit per SM
   const int slot_bytes = Nv::kWeightBytes + a.m * Nv::kXRowBytes;
   const int slots_bytes = (W + rows_per_unit - 1) * R * MB * 512;
   auto smem_for = [&](int stages) { return kSmemAlign + W * stages * slot_bytes + slots_bytes; };
   auto per_sm = [&](int stages) {
-    return resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, false>),
-                                reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, true>), kThreads,
+    return resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, false, W>),
+                                reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, true, W>), kThreads,
                                 smem_for(stages));
   };
-  // The deepest ring with which two CTAs fit an SM (this launch's and the next one's), else one.
+  // The deepest ring with which two CTAs fit an SM (this launch's and the next one's), else one
+  // (16 consumer warps: always one).
   int stages = t.stages;
-  for (int want : {2, 1})
+  for (int want : {W == kTmaWarpsBeside ? 2 : 1, 1})
     for (int d = kMaxStages; d >= 2 && stages == 0; --d)
       if (per_sm(d) >= want) stages = d;
   if (stages == 0 || per_sm(stages) == 0) return false;
@@ -341,17 +352,25 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   pl.trace = t.trace;
   const CUtensorMap xmap = activation_map(a);
   DependentLaunch launch(dim3(blocks), dim3(kThreads), smem_for(stages), stream, pl.overlapped != 0);
-  auto* kernel = pl.trace.buf != nullptr ? stream_gemm_tma_kernel<MB, H, true> : stream_gemm_tma_kernel<MB, H, false>;
+  auto* kernel =
+      pl.trace.buf != nullptr ? stream_gemm_tma_kernel<MB, H, true, W> : stream_gemm_tma_kernel<MB, H, false, W>;
   LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, a, pl, xmap),
                          "streaming GEMM (TMA feed) kernel launch");
   return true;
 }
 
-template <int H>
+template <int H, int W>
 bool launch_for_m(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
                   const StreamGemmTuning& t, cudaStream_t stream) {
-  return a.m <= 8 ? launch_typed<1, H>(a, work, groups_total, rows_total, sms, t, stream)
-                  : launch_typed<2, H>(a, work, groups_total, rows_total, sms, t, stream);
+  return a.m <= 8 ? launch_typed<1, H, W>(a, work, groups_total, rows_total, sms, t, stream)
+                  : launch_typed<2, H, W>(a, work, groups_total, rows_total, sms, t, stream);
+}
+
+template <int H>
+bool launch_for_warps(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
+                      const StreamGemmTuning& t, cudaStream_t stream) {
+  return t.warps == kTmaWarpsAlone ? launch_for_m<H, kTmaWarpsAlone>(a, work, groups_total, rows_total, sms, t, stream)
+                                   : launch_for_m<H, kTmaWarpsBeside>(a, work, groups_total, rows_total, sms, t, stream);
 }
 
 }  // namespace
@@ -365,8 +384,8 @@ bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t g
   if (a.format != StreamWeight::kNVFP4 || a.m > 16 || a.k < Nv::kChunkK || !device_has_tma(device)) return false;
   for (int i = 0; i < a.num_parts; ++i)
     if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
-  return a.swiglu ? launch_for_m<2>(a, work, groups_total, rows_total, sms, t, stream)
-                  : launch_for_m<1>(a, work, groups_total, rows_total, sms, t, stream);
+  return a.swiglu ? launch_for_warps<2>(a, work, groups_total, rows_total, sms, t, stream)
+                  : launch_for_warps<1>(a, work, groups_total, rows_total, sms, t, stream);
 }
 
 }  // namespace locus::cuda::detail
