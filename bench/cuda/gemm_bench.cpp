@@ -156,15 +156,15 @@ int main(int argc, char** argv) {
     std::mt19937_64 srng(7);
     std::printf("\nsplit sweep (us per call; columns: heuristic; whole rows, stream-K with 1 and 2 units per resident CTA "
                 "(CTA shape by the heuristic); 4- and 8-warp CTAs (decomposition by the heuristic); the heuristic without "
-                "programmatic dependent launch; the TMA feed (NVFP4 at M <= 16, else as heur) by its heuristic, whole rows "
-                "and stream-K 2)\n%-22s", "shape");
+                "programmatic dependent launch; the TMA feed (NVFP4 at M <= 16, else as heur) by its heuristic, whole rows, "
+                "stream-K 2 and with 16 consumer warps)\n%-22s", "shape");
     // {units per CTA, warps}: the heuristic; whole rows; stream-K 1 and 2 per CTA; 4 and 8 warps.
     // Then: the heuristic launched in plain stream order (no programmatic dependent launch); the
-    // TMA feed.
+    // TMA feed (8 consumer warps, then 16).
     const std::vector<cuda::detail::StreamGemmTuning> tunings = {
         {0, 0}, {-1, 0}, {1, 0}, {2, 0}, {0, 4}, {0, 8}, {0, 0, 0, 0}, {0, 0, 0, 1, 0, 1}, {-1, 0, 0, 1, 0, 1},
-        {2, 0, 0, 1, 0, 1}};
-    for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain", "tma", "tmarows", "tmask2"})
+        {2, 0, 0, 1, 0, 1}, {0, 16, 0, 1, 0, 1}};
+    for (const char* h : {"heur", "rows", "sk1", "sk2", "w4", "w8", "plain", "tma", "tmarows", "tmask2", "tma16"})
       std::printf(" %7s", h);
     std::printf("\n");
     for (auto [N, K] : sweep_shapes) {

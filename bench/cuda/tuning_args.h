@@ -30,8 +30,8 @@ inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning*
 }
 
 constexpr const char* kStreamTuningHelp =
-    "U,W[,S[,P[,F[,T]]]] (units per CTA, warps per CTA, ring depth, dependent launch, KB prefetched early, feed 0 "
-    "cp.async / 1 TMA)";
+    "U,W[,S[,P[,F[,T]]]] (units per CTA, warps per CTA (TMA feed: consumer warps, 8 or 16), ring depth, dependent "
+    "launch, KB prefetched early, feed 0 cp.async / 1 TMA)";
 
 // False (after saying why on stderr) when `arg` is not of that form.
 inline bool parse_stream_tuning(const std::string& arg, cuda::detail::StreamGemmTuning* t) {

@@ -7,7 +7,7 @@
 #   2. the timeline of every DeepSeek-V3 shape at M = 1 and 16 with the cp.async rings and (unless
 #      a TMA test hung or crashed) the TMA feed with 8 and with 16 consumer warps, alternating, two
 #      rounds;
-#   3. the K-split sweep (its last three columns are the TMA feed);
+#   3. the K-split sweep (its last four columns are the TMA feed);
 #   4. (unless a TMA test hung or crashed) each TMA test under compute-sanitizer (memcheck,
 #      synccheck), with what is left of the budget.
 # Every step's timeout is cut to what is left of the budget (--budget S, default 570 s: the device
