@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-feed-ab}"
 mkdir -p "$OUT"
-CARRY=.gpu-carry
+source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 shape=(); sanitize=1; budget=570
 while (($#)); do
   case "$1" in
@@ -29,8 +29,6 @@ while (($#)); do
   esac
   shift
 done
-CUDA_LIBS=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$CARRY:/usr/local/cuda/lib64:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 : > "$OUT/summary.txt"
 note() { echo "$1" | tee -a "$OUT/summary.txt"; }
 # run WANT_S LOG CMD...: CMD under a timeout of WANT_S seconds or what is left of the budget;

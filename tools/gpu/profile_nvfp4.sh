@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-gpu}"
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/.gpu-carry:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 OBJ=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null)
 if [ -n "$OBJ" ]; then
   "$OBJ" -sass .gpu-carry/liblocus.so > "$OUT/sass_all.txt" 2>&1

@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-gpu}"
 mkdir -p "$OUT"
-CARRY=.gpu-carry
+source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 quick=""; tests=1; e2e=1; bench=1; split=backfill
 while (($#)); do
   case "$1" in
@@ -23,8 +23,6 @@ while (($#)); do
   esac
   shift
 done
-CUDA_LIBS=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$CARRY:/usr/local/cuda/lib64:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
 export LOCUS_BIN="$PWD/$CARRY/locus"  # the CLI tests start this, not the build machine's path
 {
   date -u

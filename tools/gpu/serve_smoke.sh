@@ -8,9 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 PORT="${1:-18123}"
 BACKEND="${BACKEND:-cuda}"  # BACKEND=cpu runs the same checks without a GPU
-CARRY=.gpu-carry
-CUDA_LIBS=$(dirname "$(find / -name 'libcublasLt.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$CARRY:/usr/local/cuda/lib64:$CUDA_LIBS:${LD_LIBRARY_PATH:-}"
+source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 T=$(mktemp -d)
 "$CARRY/locus" make-tiny-model "$T/tiny" --seed 1 > /dev/null || exit 1
 field() { python3 -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
