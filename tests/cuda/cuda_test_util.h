@@ -86,15 +86,7 @@ inline std::vector<double> dequant_ref(const ops::Nvfp4Weight& w) {
 // caller's to fill.
 inline cuda::detail::StreamGemmArgs two_domain_args(cuda::detail::StreamWeight format, const Tensor& x, const Tensor& y,
                                                     int64_t n0, const uint8_t* sm_domain) {
-  cuda::detail::StreamGemmArgs a;
-  a.format = format;
-  a.x = x.data<uint16_t>();
-  a.x_ld = x.size(1);
-  a.m = static_cast<int32_t>(x.size(0));
-  a.k = x.size(1);
-  a.y = y.data_ptr();
-  a.y_ld = y.size(1);
-  a.y_f32 = y.dtype() == DType::kFP32;
+  cuda::detail::StreamGemmArgs a = cuda::detail::stream_gemm_args(format, x, y, false, Tensor());
   a.num_parts = 2;
   a.num_domains = 2;
   a.sm_domain = sm_domain;

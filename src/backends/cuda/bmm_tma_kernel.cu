@@ -636,21 +636,9 @@ template <int NT, bool kNC>
 void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
   const int smem_bytes =
       pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
-  {  // allow every size size_plan may pick (both forms: untraced, traced)
-    int device = 0;
-    LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-    const auto forms = {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>};
-    static const int static_bytes = [&] {  // their static shared memory (Smem, as the compiler pads it)
-      int most = 0;
-      for (auto* k : forms) {
-        cudaFuncAttributes attr{};
-        LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-        most = std::max(most, static_cast<int>(attr.sharedSizeBytes));
-      }
-      return most;
-    }();
-    for (auto* k : forms) raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), optin_smem(device) - static_bytes);
-  }
+  // Allow every size size_plan may pick (both forms: untraced, traced).
+  for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>})
+    raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), max_dynamic_smem(reinterpret_cast<const void*>(k)));
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
   // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.
   const int tiles = (a.n + kSlotRows - 1) / kSlotRows;

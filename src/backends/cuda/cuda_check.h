@@ -50,6 +50,23 @@ inline int device_attribute(int device, cudaDeviceAttr attribute) {
   return known[{device, static_cast<int>(attribute)}] = value;
 }
 
+// The most dynamic shared memory a launch of `kernel` may ask for on the current device: the
+// device's opt-in limit less the kernel's static shared memory (as the compiler padded it). Asked
+// once per device and kernel.
+inline int max_dynamic_smem(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> known;
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find({dev, kernel});
+  if (it != known.end()) return it->second;
+  cudaFuncAttributes attr{};
+  LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int bytes = device_attribute(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin) - static_cast<int>(attr.sharedSizeBytes);
+  return known[{dev, kernel}] = bytes;
+}
+
 // Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device (the
 // limit is an attribute of the kernel in each device's context; it only grows, so concurrent
 // launches with smaller needs stay valid).

@@ -32,6 +32,10 @@
 
 #include "backends/cuda/cta_trace.h"
 
+namespace locus {
+class Tensor;
+}
+
 namespace locus::cuda::detail {
 
 constexpr int kStreamGemmMaxParts = 8;
@@ -91,6 +95,11 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // Throws, naming `kernel`, unless `a` has 1..kStreamGemmMaxParts well-formed parts over
 // 1..kStreamGemmMaxDomains domains (NVFP4 parts: unbatched, with scales).
 void check_stream_gemm_parts(const StreamGemmArgs& a, const char* kernel);
+
+// Arguments with x [M, K] (bf16 rows, on the GPU), y [M, N] (bf16 or fp32 rows), SwiGLU and the
+// bias's dtype filled in (stream_gemm_ops.cpp); the parts are the caller's to add.
+StreamGemmArgs stream_gemm_args(StreamWeight format, const Tensor& x, const Tensor& y, bool swiglu,
+                                const Tensor& bias);
 
 // True when the streaming kernel takes this problem: 1 <= m <= kStreamGemmMaxM, x rows
 // 16-byte aligned; BF16 weights also need K % 8 == 0 and 16-byte aligned rows.

@@ -76,11 +76,8 @@ int resident_ctas_per_sm(const void* kernel, const void* traced, int threads, in
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find({dev, kernel, smem_bytes});
   if (it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  LOCUS_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));  // its static shared memory counts too
-  const int limit = device_attribute(dev, cudaDevAttrMaxSharedMemoryPerBlockOptin) - static_cast<int>(attr.sharedSizeBytes);
   int n = 0;
-  if (smem_bytes <= limit) {
+  if (smem_bytes <= max_dynamic_smem(kernel)) {
     for (const void* k : {kernel, traced}) raise_dynamic_smem_limit(k, smem_bytes);
     LOCUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem_bytes));
   }
@@ -144,9 +141,7 @@ void launch_stream_gemm(StreamGemmArgs& a, cudaStream_t stream) {
     ++g_feed_launches[1];
     return;
   }
-  StreamGemmTuning rings = t;
-  if (rings.warps > kWideWarps) rings.warps = 0;  // the TMA feed's 16 consumer warps: the rings' own choice
-  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, rings, stream);
+  launch_stream_gemm_rings(a, work, groups_total, rows_total, sms, t, stream);
   ++g_feed_launches[0];
 }
 

@@ -13,6 +13,26 @@
 #include "backends/cuda/stream_gemm.h"
 
 namespace locus::cuda {
+
+namespace detail {
+
+StreamGemmArgs stream_gemm_args(StreamWeight format, const Tensor& x, const Tensor& y, bool swiglu, const Tensor& bias) {
+  StreamGemmArgs a;
+  a.format = format;
+  a.swiglu = swiglu;
+  a.x = x.data<uint16_t>();
+  a.x_ld = x.stride(0);
+  a.m = static_cast<int32_t>(x.size(0));
+  a.k = x.size(1);
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.y_f32 = y.dtype() == DType::kFP32;
+  a.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
+  return a;
+}
+
+}  // namespace detail
+
 namespace {
 
 using detail::StreamGemmArgs;
@@ -39,22 +59,6 @@ void set_domains(StreamGemmArgs* a, const std::vector<void*>& streams) {
 bool has_wgmma(int device) {
   return device_attribute(device, cudaDevAttrComputeCapabilityMajor) == 9 &&
          device_attribute(device, cudaDevAttrComputeCapabilityMinor) == 0;
-}
-
-// Fills x, y and the flags shared by every call.
-StreamGemmArgs base_args(StreamWeight format, const Tensor& x, const Tensor& y, bool swiglu, const Tensor& bias) {
-  StreamGemmArgs a;
-  a.format = format;
-  a.swiglu = swiglu;
-  a.x = x.data<uint16_t>();
-  a.x_ld = x.stride(0);
-  a.m = static_cast<int32_t>(x.size(0));
-  a.k = x.size(1);
-  a.y = y.data_ptr();
-  a.y_ld = y.stride(0);
-  a.y_f32 = y.dtype() == DType::kFP32;
-  a.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
-  return a;
 }
 
 const void* bias_at(const Tensor& bias, int64_t n0) {
@@ -154,7 +158,7 @@ bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, boo
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }
 
 bool stream_gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, bool swiglu, void* stream) {
-  StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kBF16, x, y, swiglu, bias);
   a.num_parts = 1;
   a.parts[0] = bf16_part(w, swiglu, bias, 0, 0);
   return launch_if_eligible(a, {}, false, x.device().index, stream);
@@ -165,7 +169,7 @@ bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tens
   std::vector<int> domain_of;
   std::vector<void*> streams;
   if (!assign_domains(slices, &domain_of, &streams)) return false;
-  StreamGemmArgs a = base_args(StreamWeight::kBF16, x, y, swiglu, bias);
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kBF16, x, y, swiglu, bias);
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p) a.parts[p] = bf16_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p]);
   return launch_if_eligible(a, streams, false, x.device().index, caller);
@@ -196,7 +200,7 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
   std::vector<int> domain_of;
   std::vector<void*> streams;
   if (!assign_domains(slices, &domain_of, &streams)) return false;
-  StreamGemmArgs a = base_args(StreamWeight::kNVFP4, x, y, swiglu, bias);
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x, y, swiglu, bias);
   a.num_parts = static_cast<int32_t>(slices.size());
   for (size_t p = 0; p < slices.size(); ++p)
     if (!nvfp4_part(shards[p], swiglu, bias, slices[p].n0, domain_of[p], &a.parts[p])) return false;
