@@ -237,7 +237,7 @@ TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
 // Every work decomposition (whole rows; the stream-K cut at 1, 2 and 5 units per resident CTA,
 // whose units end inside rows and touch up to 3 of them) with 8- and 4-warp CTAs gives the right
 // answer, for BF16 and NVFP4, plain and SwiGLU, on shapes where the cut lands on and between row
-// boundaries.
+// boundaries. (BF16 at M = 32 has no room for 8 warps: asked for, they run as 4.)
 TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
   LOCUS_REQUIRE_GPU();
   RestoreDefaultTuning restore;
@@ -245,7 +245,7 @@ TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
   // 32768 x 1024: 512 rows, so that with whole rows as units (units -1) a CTA takes several and
   // reuses its row slots after a unit that skipped the partials' fence.
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 7168}, {9, 200, 192}, {16, 1024, 1536},
-                         {1, 32768, 1024}}) {
+                         {1, 32768, 1024}, {32, 512, 1024}}) {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << " N " << n << " K " << k);
     Tensor x = randn({m, k}, DType::kBF16, seed + n);
     Tensor w = randn({n, k}, DType::kBF16, seed + n + 1, 0.05);

@@ -237,9 +237,11 @@ void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   const int stages = t.feed == 0 ? t.stages : 0;  // a TMA ring depth (the feed declined the problem) is not ours
   const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps), stages);
   // 8 warps may not fit at all (BF16 at M = 17..32: the rings and row slots exceed an SM).
-  // The TMA feed's 16 consumer warps (the feed declined the problem) are not ours either.
-  const int asked = t.warps <= kWideWarps ? t.warps : 0;
-  const int warps = asked != 0 ? asked : wide.max_blocks == 0 ? kNarrowWarps : cta_warps(work, wide.max_blocks, sms);
+  // The TMA feed's 16 consumer warps (the feed declined the problem) are not ours either, and
+  // 8 warps asked for where they do not fit run as 4.
+  int warps = t.warps == kNarrowWarps || t.warps == kWideWarps ? t.warps : 0;
+  if (wide.max_blocks == 0) warps = kNarrowWarps;
+  else if (warps == 0) warps = cta_warps(work, wide.max_blocks, sms);
   if (warps == kNarrowWarps) {
     const LaunchShape narrow = launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps), stages);
     launch_with<F, MB, H, kNarrowWarps>(a, work, narrow, t, sms, groups_total, rows_total, stream);
