@@ -2,7 +2,8 @@
 //   --bmm-tuning S[,R[,P[,L[,C[,E[,B]]]]]]  the TMA BMM (BmmTmaTuning): units per head, ring
 //                                      slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs
 //                                      per SM unpartitioned, slots copied early, ring sized to
-//                                      leave room for the next launch 1/0;
+//                                      leave room for the next launch 1/0 (-1: where the launch
+//                                      spans several domains);
 //   --tuning U,W[,S[,P[,F[,T]]]]       the streaming GEMM (StreamGemmTuning): units per CTA, warps
 //                                      per CTA, ring depth, dependent launch 1/0, KB asked of L2
 //                                      before the previous kernel ends, feed (0 cp.async rings,
@@ -18,7 +19,7 @@ namespace locus::bench {
 
 constexpr const char* kBmmTuningHelp =
     "S[,R[,P[,L[,C[,E[,B]]]]]] (units per head, ring slots, dependent launch 1/0, L2 fetch bytes 0/128/256, CTAs per "
-    "SM unpartitioned, slots copied early, room for the next launch 1/0)";
+    "SM unpartitioned, slots copied early, room for the next launch 1/0/-1 (-1: over several domains))";
 
 // False (after saying why on stderr) when `arg` is not of that form.
 inline bool parse_bmm_tuning(const std::string& arg, cuda::detail::BmmTmaTuning* t) {

@@ -445,6 +445,17 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
         if (sh.k == 128) EXPECT_LT(beside_slots, usual_slots) << "K 128, M " << M;
         else EXPECT_EQ(beside_slots, usual_slots) << "K " << sh.k << ", M " << M;
         EXPECT_GE(beside_slots, 2);
+        // By default a launch over two domains sizes its ring for the next launch beside, one
+        // over one domain does not.
+        cuda::detail::BmmTmaTuning apart;
+        apart.beside_next = 0;
+        cuda::detail::set_bmm_tma_tuning(apart);
+        const int split_apart = cuda::detail::bmm_tma_ring_slots(pb.args);
+        cuda::detail::set_bmm_tma_tuning(beside);
+        const int split_beside = cuda::detail::bmm_tma_ring_slots(pb.args);
+        cuda::detail::set_bmm_tma_tuning({});
+        EXPECT_EQ(cuda::detail::bmm_tma_ring_slots(pb.args), split_beside) << "K " << sh.k << ", M " << M;
+        if (sh.k == 128) EXPECT_LT(split_beside, split_apart) << "K 128, M " << M;
       }
       Tensor first;  // the first result, which every other must equal bitwise
       // Early copies of 0, 2 and 8 slots; and 2 with the ring sized for the next launch beside.

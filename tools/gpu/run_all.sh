@@ -4,7 +4,7 @@
 # .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
 # generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
 # logits CUDA vs CPU), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
-# BMM's also with its ring sized for the next launch beside, the NVFP4 one for both feeds). Logs go to $OUT
+# BMM's also with its ring never sized for the next launch beside, the NVFP4 one for both feeds). Logs go to $OUT
 # (or /tmp/locus-gpu); each step prints a line or two, and a summary comes last.
 # usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]
 set -uo pipefail
@@ -93,10 +93,11 @@ if ((bench)); then
   note "cuda_gemm_bench: exit $?, table in $OUT/bench_${split}.md"
   timeout 120 "$CARRY/cuda_bmm_timeline_bench" --split "$split" > "$OUT/bmm_timeline_${split}.md" 2>&1
   note "cuda_bmm_timeline_bench: exit $?, table in $OUT/bmm_timeline_${split}.md"
-  # The same with the ring sized for the next launch beside (BmmTmaTuning::beside_next).
-  timeout 120 "$CARRY/cuda_bmm_timeline_bench" --split "$split" --bmm-tuning 0,0,1,256,1,2,1 \
-    > "$OUT/bmm_timeline_${split}_beside.md" 2>&1
-  note "cuda_bmm_timeline_bench, beside the next launch: exit $?, table in $OUT/bmm_timeline_${split}_beside.md"
+  # The same with the ring never sized for the next launch beside (BmmTmaTuning::beside_next = 0;
+  # by default it is, where a launch spans several domains).
+  timeout 120 "$CARRY/cuda_bmm_timeline_bench" --split "$split" --bmm-tuning 0,0,1,256,1,2,0 \
+    > "$OUT/bmm_timeline_${split}_apart.md" 2>&1
+  note "cuda_bmm_timeline_bench, ring never beside the next launch: exit $?, table in $OUT/bmm_timeline_${split}_apart.md"
   timeout 120 "$CARRY/cuda_stream_timeline_bench" > "$OUT/stream_timeline.md" 2>&1
   note "cuda_stream_timeline_bench: exit $?, table in $OUT/stream_timeline.md"
   timeout 120 "$CARRY/cuda_stream_timeline_bench" --tuning 0,0,0,1,0,1 > "$OUT/stream_timeline_tma.md" 2>&1

@@ -598,7 +598,8 @@ BmmPlan size_plan(const BmmTmaArgs& a, int device) {
   // 128 KB in flight; 1024: alignment slack (and the runtime's share per CTA when several).
   // BmmTmaTuning::beside_next sizes for twice as many (the next launch's CTAs beside these) and
   // falls back to the usual size where that leaves no room for two slots.
-  for (const int per_sm : {ctas_per_sm(a) * (g_tuning.beside_next ? 2 : 1), ctas_per_sm(a)}) {
+  const bool beside = g_tuning.beside_next < 0 ? a.num_domains > 1 : g_tuning.beside_next != 0;
+  for (const int per_sm : {ctas_per_sm(a) * (beside ? 2 : 1), ctas_per_sm(a)}) {
     size_ring(a, device, per_sm, ctas_per_sm(a), &pl);
     if (pl.slots >= kConsumerGroups) break;
   }
