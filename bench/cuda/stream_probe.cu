@@ -5,7 +5,8 @@
 // liblocus; CMake target cuda_stream_probe, carried by tools/gpu/package.sh). Prints a table row per
 // configuration in GB/s of weight bytes streamed (NVFP4: 0.5625 B per weight). `--short`: one
 // launch per DeepSeek-V3-sized weight (8-74 MB) instead of 512 MB, back to back, so that each warp
-// has only a few chunks, as in the real kernel.
+// has only a few chunks, as in the real kernel. `--producer`: the copies issued by a producer warp
+// (the TMA feed's design) against each consumer warp's own, at 8 and 16 consumer warps per SM.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,8 +74,8 @@ __global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int
   const int stage_bytes = stage_chunks * kChunkBytes;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const uint32_t xs = base;                                  // 4 KB of "activations"
-  const uint32_t bars = base + 4096;                         // one mbarrier per stage per warp
-  const uint32_t ring = base + 4096 + 8 * 64 + warp * stages * stage_bytes;
+  const uint32_t bars = base + 4096;                         // 8 mbarriers (stages) per warp, 16 warps
+  const uint32_t ring = base + 4096 + 8 * 128 + warp * stages * stage_bytes;
   const uint32_t bar0 = bars + warp * 8 * 8;
   if (kMode == 1 && lane == 0)
     for (int s = 0; s < stages; ++s) mbar_init(bar0 + 8 * s, 1);
@@ -118,6 +119,74 @@ __global__ void probe(const uint8_t* __restrict__ w, int64_t bytes_per_warp, int
   if (f == 12345.f || sink == 0x9e3779b9u) out[0] = 1;  // keeps the work alive
 }
 
+// Modes 3 and 4: a producer warp feeds the consumer warps (lane c fills warp c's ring), as the
+// TMA feed of the streaming GEMM does (stream_gemm_tma_kernel.cu): full barriers that the copies
+// complete, empty ones that the consumers' lane 0 arrives on, lanes that poll (test_wait, then a
+// 32 ns sleep) and never block. kOps copies per stage: 1 (the stage's weight bytes at once) or 3
+// (as the feed: the codes, the scales, and a 128-byte activation row from a small buffer that
+// stays in L2). The consumers dequantize and multiply (the new word layout).
+template <int kOps, int MB>
+__global__ void probe_producer(const uint8_t* __restrict__ w, const uint8_t* __restrict__ x, int64_t bytes_per_warp,
+                               int stage_chunks, int stages, unsigned* out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int kMaxWarps = 16, kMaxStages = 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x >> 5) - 1;
+  const int weight_bytes = stage_chunks * kChunkBytes, scale_bytes = stage_chunks * 256;
+  const int stage_bytes = weight_bytes + (kOps == 3 ? 128 : 0);
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t xs = base;  // 4 KB of "activations"
+  const uint32_t full0 = base + 4096, empty0 = full0 + 8 * kMaxWarps * kMaxStages;
+  const uint32_t ring0 = empty0 + 8 * kMaxWarps * kMaxStages;
+  auto full = [&](int c, int s) { return full0 + 8 * (c * kMaxStages + s); };
+  auto empty = [&](int c, int s) { return empty0 + 8 * (c * kMaxStages + s); };
+  auto ring = [&](int c, int s) { return ring0 + (c * stages + s) * stage_bytes; };
+  if (static_cast<int>(threadIdx.x) < warps)
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full(threadIdx.x, s), 1);
+      mbar_init(empty(threadIdx.x, s), 1);
+    }
+  mbar_init_fence();
+  __syncthreads();
+  const int n = static_cast<int>(bytes_per_warp / weight_bytes);
+  if (warp == warps) {  // the producer
+    if (lane >= warps) return;
+    const uint8_t* src = w + (static_cast<int64_t>(blockIdx.x) * warps + lane) * bytes_per_warp;
+    for (int k = 0; k < n;) {
+      const int s = k % stages;
+      if (k >= stages && !mbar_done(empty(lane, s), ((k / stages) & 1) ^ 1)) {
+        __nanosleep(32);
+        continue;
+      }
+      const uint32_t dst = ring(lane, s), bar = full(lane, s);
+      const uint8_t* from = src + static_cast<int64_t>(k) * weight_bytes;
+      mbar_expect(bar, stage_bytes);
+      if (kOps == 1) {
+        bulk_copy_to(dst, from, weight_bytes, bar);
+      } else {
+        bulk_copy_to(dst, from, weight_bytes - scale_bytes, bar);
+        bulk_copy_to(dst + weight_bytes - scale_bytes, from + weight_bytes - scale_bytes, scale_bytes, bar);
+        bulk_copy_to(dst + weight_bytes, x + (k % 32) * 128, 128, bar);
+      }
+      ++k;
+    }
+    return;
+  }
+  float acc[4][MB][4] = {};
+  uint32_t sink = 0;
+  for (int k = 0; k < n; ++k) {
+    const int s = k % stages;
+    mbar_wait(full(warp, s), (k / stages) & 1);
+    consume<true, MB, false>(ring(warp, s), stage_chunks, xs, lane, acc, sink);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty(warp, s));
+  }
+  float f = 0;
+  for (int r = 0; r < 4; ++r)
+    for (int b = 0; b < MB; ++b)
+      for (int e = 0; e < 4; ++e) f += acc[r][b][e];
+  if (f == 12345.f || sink == 0x9e3779b9u) out[0] = 1;  // keeps the work alive
+}
+
 struct Config {
   int mode;
   int compute;  // 0 read, 1 NVFP4 mma with the old word encoding, 2 NVFP4 mma (nvfp4_layout.h)
@@ -130,8 +199,8 @@ float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int s
   const int64_t warps = static_cast<int64_t>(ctas) * c.warps;
   const int64_t stage_bytes = static_cast<int64_t>(c.stage_chunks) * kChunkBytes;
   const int64_t per_warp = total / warps / stage_bytes * stage_bytes;
-  const int smem = 4096 + 8 * 64 + c.warps * c.stages * static_cast<int>(stage_bytes);
-  if (smem > 227 * 1024) return -1.f;
+  const int smem = 4096 + 8 * 128 + c.warps * c.stages * static_cast<int>(stage_bytes);
+  if (c.warps > 16 || c.stages > 8 || smem > 227 * 1024) return -1.f;
   auto* k = probe<kMode, kCompute, MB, kOldWords>;
   CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int fit = 0;
@@ -144,6 +213,27 @@ float run(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int s
       k<<<ctas, c.warps * 32, smem>>>(w + l * per_warp_launch * warps, per_warp_launch, c.stage_chunks, c.stages, out);
   });
   return static_cast<float>(per_warp_launch * warps * launches) / (ms * 1e-3f) / 1e9f;
+}
+
+// Modes 3 (1 copy per stage) and 4 (3 copies) with c.warps consumer warps and a producer warp.
+template <int kOps, int MB>
+float run_producer(const Config& c, const uint8_t* w, const uint8_t* x, int64_t total, unsigned* out, int sms) {
+  const int ctas = sms * c.ctas_per_sm;
+  const int64_t warps = static_cast<int64_t>(ctas) * c.warps;
+  const int64_t weight_bytes = static_cast<int64_t>(c.stage_chunks) * kChunkBytes;
+  const int64_t per_warp = total / warps / weight_bytes * weight_bytes;
+  const int stage_bytes = static_cast<int>(weight_bytes) + (kOps == 3 ? 128 : 0);
+  const int smem = 4096 + 2 * 8 * 16 * 8 + c.warps * c.stages * stage_bytes;
+  if (c.warps > 16 || c.stages > 8 || smem > 227 * 1024) return -1.f;
+  auto* k = probe_producer<kOps, MB>;
+  CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int fit = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, k, (c.warps + 1) * 32, smem));
+  if (fit < c.ctas_per_sm) return -1.f;
+  const float ms = median_batch_ms(2, 10, [&] {
+    k<<<ctas, (c.warps + 1) * 32, smem>>>(w, x, per_warp, c.stage_chunks, c.stages, out);
+  });
+  return static_cast<float>(per_warp * warps) / (ms * 1e-3f) / 1e9f;
 }
 
 float dispatch(const Config& c, const uint8_t* w, int64_t total, unsigned* out, int sms, int64_t slice = 0) {
@@ -183,6 +273,29 @@ int main(int argc, char** argv) {
         for (int warps : {4, 8})
           for (int sc : {1, 2})
             for (int st : {4, 6}) configs.push_back({mode, v, mb, cps, warps, sc, st});
+  if (argc > 1 && std::string(argv[1]) == "--producer") {
+    // Who issues the copies, and how many per stage: each consumer warp's lane 0 one bulk copy
+    // (mode 1), or a producer warp with 1 or 3 copies per stage (the TMA feed's design), at 8 and
+    // 16 consumer warps per SM; steady state over 512 MB, M = 1 and 16.
+    std::printf("| copy | CTAs/SM | consumer warps | M blocks | chunks/stage | stages | GB/s |\n|---|---|---|---|---|---|---|\n");
+    const char* copy_names[] = {"", "lane 0 of each consumer warp, 1 bulk copy", "", "producer warp, 1 copy per stage",
+                                "producer warp, 3 copies per stage"};
+    for (int mode : {1, 3, 4})
+      for (auto [cps, warps] : {std::pair{1, 8}, {2, 8}, {1, 16}})
+        for (int mb : {1, 2})
+          for (int sc : {1, 2})
+            for (int st : {2, 3, 4, 6}) {
+              const Config c{mode, 2, mb, cps, warps, sc, st};
+              float gbs = -1.f;
+              if (mode == 1) gbs = st >= 4 && mb == 1 ? dispatch(c, w, total, out, sms) : -1.f;
+              else if (mode == 3) gbs = mb == 1 ? run_producer<1, 1>(c, w, w, total, out, sms) : run_producer<1, 2>(c, w, w, total, out, sms);
+              else gbs = mb == 1 ? run_producer<3, 1>(c, w, w, total, out, sms) : run_producer<3, 2>(c, w, w, total, out, sms);
+              if (gbs < 0) continue;
+              std::printf("| %s | %d | %d | %d | %d | %d | %.0f |\n", copy_names[mode], cps, warps, mb, sc, st, gbs);
+              std::fflush(stdout);
+            }
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--short") {
     // One launch streams `slice` bytes (a DeepSeek-V3 projection's NVFP4 weight), launches back to
     // back over rotating slices: what is left of the ceilings when each warp has only a few chunks.
