@@ -1,7 +1,8 @@
 // The TMA feed's chunk walk (backends/cuda/stream_tma_cursor.h), on the CPU: every consumer warp's
 // share of every stream-K unit, walked as the producer lane walks it (seek to the share's first
-// chunk, then next()), copies into each stage exactly the bytes of the chunk's 4 tiles and their
-// scale codes, in the stage layout, from inside the part's storage. The expected bytes come from
+// chunk, then a stage at a time: up to S = 1 or 2 chunks of one row), copies into each stage exactly the
+// bytes of its chunks' 4 tiles and their scale codes, in the stage layout, from inside the part's
+// storage, and leaves the rest of the stage alone. The expected bytes come from
 // the rows listed part by part (not decode_row) and the tile layout (nvfp4_layout.h). Cases: whole
 // storage groups (one copy each of codes and scales), a partial last row group, SwiGLU up rows on
 // and off a storage-group boundary (tile by tile), K tails, several parts over two domains. No GPU
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -20,7 +22,8 @@ namespace locus::cuda::detail {
 namespace {
 
 constexpr int R = kNvfp4GroupTiles;
-constexpr int kStageBytes = R * (kNvfp4TileBytes + 64);  // Format<kNVFP4>::kWeightBytes
+constexpr int kChunkBytes = R * (kNvfp4TileBytes + 64);  // one chunk's codes and scale codes
+static_assert(kTmaMaxStageChunks == 2 && kTmaChunkWeightBytes == kChunkBytes);
 
 // The storage of one prepared NVFP4 weight of n rows (64-row padded) and C chunks.
 struct Storage {
@@ -33,6 +36,7 @@ struct Storage {
 struct PlanView {  // what the cursor reads of the kernel's Plan
   int32_t chunks = 0;
   int32_t rows[kStreamGemmMaxDomains] = {};
+  int32_t stage_chunks = 1;  // S
 };
 
 // One row of work: row group `group` of part `part`, its gate (half 0) or up (half 1) rows.
@@ -47,50 +51,61 @@ int64_t tile_offset(const StreamGemmPart& p, int tile, int half, int64_t c, int6
   return ((t / R * chunks + c) * R + t % R) * kNvfp4TileBytes;
 }
 
-// For each of a stage's bytes, the byte it should hold: codes of tile r at r * 512, then the scale
-// codes of tile r at 2048 + r * 64.
-std::vector<const uint8_t*> expected_stage(const StreamGemmPart& p, const Row& row, int64_t c, int64_t chunks) {
-  std::vector<const uint8_t*> want(kStageBytes);
+// For each of the weight bytes of a stage of S chunks, the byte it should hold (nullptr: none):
+// chunk j = 0..n-1 (chunk c + j of the row) has the codes of tile r at j * 2048 + r * 512 and
+// their scale codes at S * 2048 + j * 256 + r * 64.
+std::vector<const uint8_t*> expected_stage(const StreamGemmPart& p, const Row& row, int64_t c, int n, int S,
+                                           int64_t chunks) {
+  std::vector<const uint8_t*> want(S * kChunkBytes, nullptr);
   const auto* codes = static_cast<const uint8_t*>(p.w);
   const auto* scales = reinterpret_cast<const uint8_t*>(p.scales);
-  for (int r = 0; r < R; ++r) {
-    const int64_t at = tile_offset(p, row.group * R + r, row.half, c, chunks);
-    for (int i = 0; i < kNvfp4TileBytes; ++i) want[r * kNvfp4TileBytes + i] = codes + at + i;
-    for (int i = 0; i < 64; ++i) want[R * kNvfp4TileBytes + r * 64 + i] = scales + at / 8 + i;
-  }
+  for (int j = 0; j < n; ++j)
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = tile_offset(p, row.group * R + r, row.half, c + j, chunks);
+      for (int i = 0; i < kNvfp4TileBytes; ++i) want[j * R * kNvfp4TileBytes + r * kNvfp4TileBytes + i] = codes + at + i;
+      for (int i = 0; i < 64; ++i) want[S * R * kNvfp4TileBytes + j * R * 64 + r * 64 + i] = scales + at / 8 + i;
+    }
   return want;
 }
 
-// The copies the cursor makes for its chunk (chunk c of `row`, of part p stored in `s`): each of the
-// stage's bytes once, the byte expected_stage says, from inside the part's storage.
+// The copies the cursor makes for the stage of its n chunks (from chunk c of `row`, of part p
+// stored in `s`): each of the chunks' bytes once, where expected_stage says, from inside the
+// part's storage; nothing else.
 template <class Cursor>
-void check_copies(const Cursor& cur, const StreamGemmPart& p, const Row& row, int64_t c, int64_t chunks,
+void check_copies(const Cursor& cur, const StreamGemmPart& p, const Row& row, int64_t c, int n, int64_t chunks,
                   const Storage& s) {
-  const std::vector<const uint8_t*> want = expected_stage(p, row, c, chunks);
+  const int S = cur.pl.stage_chunks, kStageBytes = S * kChunkBytes;
+  const std::vector<const uint8_t*> want = expected_stage(p, row, c, n, S, chunks);
   std::vector<const uint8_t*> got(kStageBytes, nullptr);
   int bytes_copied = 0;
-  cur.weight_copies([&](int offset, const uint8_t* src, int bytes) {
+  cur.weight_copies(n, [&](int offset, const uint8_t* src, int bytes) {
     ASSERT_TRUE(offset % 16 == 0 && bytes % 16 == 0 && offset >= 0 && offset + bytes <= kStageBytes);
     bytes_copied += bytes;
-    for (int i = 0; i < bytes; ++i) got[offset + i] = src + i;
+    for (int i = 0; i < bytes; ++i) {
+      ASSERT_EQ(got[offset + i], nullptr) << "stage byte " << offset + i << " copied twice";
+      got[offset + i] = src + i;
+    }
   });
-  ASSERT_EQ(bytes_copied, kStageBytes);  // each byte once: what the stage's barrier expects
+  ASSERT_EQ(bytes_copied, n * kChunkBytes);  // each byte once: what the stage's barrier expects
   ASSERT_EQ(got, want);
   for (int i = 0; i < kStageBytes; ++i) {
-    const std::vector<uint8_t>& buf = i < R * kNvfp4TileBytes ? s.codes : s.scales;
+    if (got[i] == nullptr) continue;
+    const std::vector<uint8_t>& buf = i < S * R * kNvfp4TileBytes ? s.codes : s.scales;
     ASSERT_TRUE(got[i] >= buf.data() && got[i] < buf.data() + buf.size()) << "stage byte " << i;
   }
 }
 
 // Walks every warp's share (8 and 16 consumer warps) of every unit of every domain, for each cut
-// into `unit_counts` units.
+// into `unit_counts` units, with stages of S chunks.
 template <int H>
-void check_walks(StreamGemmArgs a, const std::vector<Storage>& storage, std::vector<int64_t> unit_counts) {
+void check_walks_of(StreamGemmArgs a, const std::vector<Storage>& storage, const std::vector<int64_t>& unit_counts,
+                    int S) {
   int64_t groups_total = 0, rows_total = 0;
   const StreamRows work = plan_stream_rows(a, H, &groups_total, &rows_total);
   PlanView pl;
   pl.chunks = static_cast<int32_t>(work.chunks);
   for (int d = 0; d < a.num_domains; ++d) pl.rows[d] = work.rows[d];
+  pl.stage_chunks = S;
   for (int d = 0; d < a.num_domains; ++d) {
     std::vector<Row> rows;  // domain d's rows: its parts in order, each (group, half)-major
     for (int q = 0; q < a.num_parts; ++q)
@@ -110,13 +125,20 @@ void check_walks(StreamGemmArgs a, const std::vector<Storage>& storage, std::vec
             TmaChunkCursor<H, PlanView> cur{a, pl};
             cur.domain = d;
             cur.seek(wb);
-            for (int64_t x = wb; x < we; ++x, cur.next()) {
-              SCOPED_TRACE(::testing::Message() << "domain " << d << ", " << units << " units, unit " << u << ", warp "
-                                                << w << " of " << warps << ", chunk " << x);
+            for (int64_t x = wb; x < we;) {
+              SCOPED_TRACE(::testing::Message() << S << " chunks per stage, domain " << d << ", " << units
+                                                << " units, unit " << u << ", warp " << w << " of " << warps
+                                                << ", chunk " << x);
               ASSERT_EQ(cur.x, x);
+              // S chunks where the share and the row both have S left, else what they have.
+              const int n = cur.stage_chunks(we);
+              const int64_t c = x % work.chunks;
+              ASSERT_EQ(n, std::min<int64_t>({S, we - x, work.chunks - c}));
               const Row& row = rows[x / work.chunks];
-              check_copies(cur, a.parts[row.part], row, x % work.chunks, work.chunks, storage[row.part]);
-              if (::testing::Test::HasFatalFailure()) return;  // one wrong chunk is enough to say
+              check_copies(cur, a.parts[row.part], row, c, n, work.chunks, storage[row.part]);
+              if (::testing::Test::HasFatalFailure()) return;  // one wrong stage is enough to say
+              cur.advance(n);
+              x += n;
             }
             EXPECT_EQ(cur.x, we);
           }
@@ -124,6 +146,13 @@ void check_walks(StreamGemmArgs a, const std::vector<Storage>& storage, std::vec
       }
     }
   }
+}
+
+// The same with stages of one chunk and of two.
+template <int H>
+void check_walks(const StreamGemmArgs& a, const std::vector<Storage>& storage, const std::vector<int64_t>& unit_counts) {
+  for (int S = 1; S <= kTmaMaxStageChunks && !::testing::Test::HasFatalFailure(); ++S)
+    check_walks_of<H>(a, storage, unit_counts, S);
 }
 
 // An NVFP4 GEMM of parts (rows, domain) over K, the weights in `storage`.

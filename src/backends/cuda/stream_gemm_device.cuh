@@ -37,6 +37,7 @@ struct Plan {
   int32_t slot_bytes;  // one pipeline stage: the chunk's weights, then its activation rows
   int32_t ring_bytes;  // one warp's stages
   int32_t stages;      // its ring depth: 2..4 (cp.async rings), 2..6 (TMA feed)
+  int32_t stage_chunks;  // TMA feed: chunks per stage, 1 or 2 (stream_tma_cursor.h)
   int32_t overlapped;  // 1: launched to overlap the previous kernel (prefetch while it drains)
   int32_t prefetch_bytes;  // then: how much of its first unit a CTA asks L2 for
   int32_t static_first;  // 1: one domain, CTA b's first unit is unit b
@@ -125,13 +126,20 @@ struct Format<StreamWeight::kNVFP4> {
   // The landed chunk in `slot` times the activation rows m < m_count, into acc.
   template <int MB>
   __device__ static void mma(uint32_t slot, int lane, int m_count, float (&acc)[kGroupTiles][MB][4]) {
+    mma_at<MB>(slot, slot + kGroupTiles * 512, slot + kWeightBytes, kXRowBytes, lane, m_count, acc);
+  }
+  // The same for a chunk whose codes, scale codes and activations (token m's 64 K values at
+  // xs + m * x_row_bytes) lie apart: the TMA feed's stages of several chunks.
+  template <int MB>
+  __device__ static void mma_at(uint32_t codes, uint32_t scales, uint32_t xs, int x_row_bytes, int lane, int m_count,
+                                float (&acc)[kGroupTiles][MB][4]) {
     const int g = lane >> 2, t = lane & 3;
     uint4 xv[MB][2];  // the lane's token's 16 K values of the chunk, read once for all tiles
 #pragma unroll
     for (int b = 0; b < MB; ++b) {
       const int m = 8 * b + g;
       if (m < m_count) {
-        const uint32_t at = slot + kWeightBytes + (m * 4 + t) * 32;
+        const uint32_t at = xs + m * x_row_bytes + t * 32;
         xv[b][0] = lds128(at);
         xv[b][1] = lds128(at + 16);
       } else {
@@ -140,8 +148,7 @@ struct Format<StreamWeight::kNVFP4> {
     }
 #pragma unroll
     for (int r = 0; r < kGroupTiles; ++r)
-      nvfp4_chunk_mma<MB>(lds128(slot + r * 512 + lane * 16), lds16(slot + kGroupTiles * 512 + r * 64 + lane * 2), xv,
-                          acc[r]);
+      nvfp4_chunk_mma<MB>(lds128(codes + r * 512 + lane * 16), lds16(scales + r * 64 + lane * 2), xv, acc[r]);
   }
   // Lane t of token m = 8b + lane / 4 copies K [k0 + 16t, +16) of it: two 16-byte pieces.
   template <int MB>

@@ -18,14 +18,17 @@
 // domains: own domain first, then the others') come from counters (unit_queue.cuh). Lane 0 of the
 // producer warp takes them and hands them to the consumers through shared memory. Consumer warp
 // w multiplies a contiguous 1/8 of each unit's chunks and leaves its row sums in the row slots;
-// the unit ends in the same finish_unit, on a barrier of the consumer warps alone. Each consumer warp has a ring of D stages (2..6), a
-// stage one chunk in the cp.async kernel's stage layout, so that Format::mma reads it: the 2 KB
-// of codes and 256 bytes of scale codes (two bulk copies where the group's 4 tiles are one
-// storage group, else one per tile), then the chunk's activations, an [M, 64] box of x by a
-// tensor copy (zeros past M and K). Lane w of the producer warp fills consumer warp w's ring,
-// across units; full and empty mbarriers per stage. A stage's full barrier expects its weights
-// and activations at once, so (one domain: the first unit is known) the weights of a warp's first
-// D chunks can go in before the previous kernel has ended and the activations after.
+// the unit ends in the same finish_unit, on a barrier of the consumer warps alone. Each consumer
+// warp has a ring of D stages (2..6), a stage up to S chunks of one row (stream_tma_cursor.h; S = 2
+// where two such stages fit, else 1): their codes and scale codes (two bulk copies where the
+// group's 4 tiles are one storage group, else one per tile and chunk), then their activations,
+// an [M, 64 S] box of x by a tensor copy (zeros past M and K). Three copies per stage of two
+// chunks, not per chunk, where they fit: the copies' count limits a TMA feed (2.0 TB/s with one
+// chunk per stage on the H200, 2026-12-05). Lane w of the
+// producer warp fills consumer warp w's ring, across units; full and empty mbarriers per stage.
+// A stage's full barrier expects its weights and activations at once, so (one domain: the first
+// unit is known) the weights of a warp's first D stages can go in before the previous kernel has
+// ended and the activations after.
 #include <cuda.h>
 
 #include <algorithm>
@@ -53,7 +56,7 @@ constexpr int kThreadsOf = 32 * (W + 1);
 constexpr int kMaxStages = kStreamTmaMaxStages;
 constexpr int kSmemAlign = 128;                    // tensor copies land on 128-byte boundaries
 using Nv = Format<StreamWeight::kNVFP4>;
-static_assert(Nv::kWeightBytes % kSmemAlign == 0 && Nv::kXRowBytes % kSmemAlign == 0,
+static_assert(kTmaChunkWeightBytes % kSmemAlign == 0 && kTmaChunkXRowBytes % kSmemAlign == 0,
               "every stage and its activations start on a 128-byte boundary");
 
 constexpr int kUnitSlots = 2;  // units handed from the producer to the consumers, one ahead
@@ -110,27 +113,30 @@ struct ProducerLane {
   uint32_t k = 0;  // chunks put into the ring so far
   TmaChunkCursor<H, Plan> cur{a, pl};  // the next chunk to put in
 
-  // The cursor's chunk's weights into stage `dst`, completing on `bar`.
-  __device__ void copy_weights(uint32_t dst, uint32_t bar) const {
-    cur.weight_copies([&](int offset, const uint8_t* src, int bytes) { bulk_copy_to(dst + offset, src, bytes, bar); });
+  // The weights of the n chunks from the cursor's into stage `dst`, completing on `bar`.
+  __device__ void copy_weights(uint32_t dst, uint32_t bar, int n) const {
+    cur.weight_copies(n, [&](int offset, const uint8_t* src, int bytes) { bulk_copy_to(dst + offset, src, bytes, bar); });
   }
-  // The cursor's chunk's activations, x[0..M, 64 c..64 c + 64), after the stage's weights.
+  // The activations of the stage from the cursor's chunk, x[0..M, 64 c..64 (c + S)), after the
+  // stage's weights (the whole box lands, zeros past K, however many chunks the stage has).
   __device__ void copy_x(uint32_t dst, uint32_t bar) const {
-    tensor_copy_2d(dst + Nv::kWeightBytes, xmap, cur.c * Nv::kChunkK, 0, bar);
+    tensor_copy_2d(dst + pl.stage_chunks * kTmaChunkWeightBytes, xmap, cur.c * Nv::kChunkK, 0, bar);
   }
   // Whether the ring's next stage is free (its previous chunk read), without waiting.
   __device__ bool stage_free() const {
     return k < static_cast<uint32_t>(pl.stages) || mbar_done(rings.empty(w, k), rings.parity(k) ^ 1u);
   }
-  // Puts the cursor's chunk into the ring's next stage (free): expects the whole stage (weights
-  // and activations), copies the weights and, with `with_x`, the activations; moves on.
-  __device__ void issue(bool with_x) {
+  // Puts the stage from the cursor's chunk (of a share ending before chunk `we`) into the ring's
+  // next stage (free): expects the whole stage (weights and activations), copies the weights and,
+  // with `with_x`, the activations; moves on.
+  __device__ void issue(bool with_x, int64_t we) {
     const uint32_t dst = rings.stage(w, k), bar = rings.full(w, k);
-    mbar_expect(bar, Nv::kWeightBytes + a.m * Nv::kXRowBytes);
-    copy_weights(dst, bar);
+    const int n = cur.stage_chunks(we);
+    mbar_expect(bar, n * kTmaChunkWeightBytes + a.m * pl.stage_chunks * kTmaChunkXRowBytes);
+    copy_weights(dst, bar, n);
     if (with_x) copy_x(dst, bar);
     ++k;
-    cur.next();
+    cur.advance(n);
   }
 
   // Asks L2 for the lane's share of pl.prefetch_bytes (StreamGemmTuning::prefetch_kb) of the
@@ -161,7 +167,7 @@ struct ProducerLane {
   // Every chunk of warp w's share of the CTA's units, which lane 0 takes (own domain first, then
   // the others': unit_queue.cuh) and hands to the consumers. With one domain a CTA's first unit
   // is its block index, known before the previous kernel has ended: the weights of its first D
-  // chunks go in before that (the stages are free), their activations after it. With several,
+  // stages go in before that (the stages are free), their activations after it. With several,
   // units come from counters the previous kernel leaves, so the first is taken after the wait.
   // Between units the lanes meet (__syncwarp) for lane 0's answer; otherwise a lane polls its next
   // stage and never blocks, so that no lane's wait holds up another's copies however the warp's
@@ -172,21 +178,25 @@ struct ProducerLane {
     UnitQueue<Plan> q{pl, a.num_domains, home};
     uint32_t handed = 0;
     int u = 0;
-    int64_t wb = 0, we = 0, early = 0;
+    int64_t wb = 0, we = 0;
+    uint32_t early = 0;  // stages put in before the wait
     cur.domain = -1;
     if (pl.static_first) {  // one domain: unit blockIdx.x
       cur.domain = 0;
       u = static_cast<int>(blockIdx.x);
       warp_range<W>(pl, cur.domain, u, w, &wb, &we);
-      early = min(static_cast<int64_t>(pl.stages), we - wb);
       cur.seek(wb);
-      for (int64_t i = 0; i < early; ++i) issue(false);
+      for (; early < static_cast<uint32_t>(pl.stages) && cur.x < we; ++early) issue(false, we);
       prefetch_more(we);
     }
     wait_for_previous_grid();  // the activations may be its outputs; the counters its leftovers
     if (pl.static_first) {
       cur.seek(wb);
-      for (uint32_t i = 0; i < early; ++i, cur.next()) copy_x(rings.stage(w, i), rings.full(w, i));
+      for (uint32_t i = 0; i < early; ++i) {
+        const int n = cur.stage_chunks(we);
+        copy_x(rings.stage(w, i), rings.full(w, i));
+        cur.advance(n);
+      }
     } else {
       if (w == 0) q.take(&cur.domain, &u);
       cur.domain = __shfl_sync(kLanes, cur.domain, 0);
@@ -208,7 +218,7 @@ struct ProducerLane {
         warp_range<W>(pl, cur.domain, u, w, &wb, &we);
         cur.seek(wb);
       } else if (stage_free()) {
-        issue(true);
+        issue(true, we);
       } else {
         __nanosleep(32);  // leave the issue slots to the consumer warps while the stage drains
       }
@@ -216,9 +226,10 @@ struct ProducerLane {
   }
 };
 
-// Consumer warp `warp`: multiplies its chunks [wb, we) as they land (its k-th chunk over the
-// launch in its stage k; *consumed counts them) and leaves each row's sums in its row slot, as
-// the cp.async kernel's warp_stream does. Traced launches stamp kStreamTraceFirst into `trace`
+// Consumer warp `warp`: multiplies its chunks [wb, we) as they land (its k-th stage over the
+// launch in ring stage k; *consumed counts them; a stage holds the chunks stage_chunks says, up
+// to S of one row) and leaves each row's sums in its row slot, as the cp.async kernel's
+// warp_stream does. Traced launches stamp kStreamTraceFirst into `trace`
 // (if not nullptr) when its first chunk has landed.
 template <int MB, bool kTraced, int W>
 __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings<W>& rings, int64_t wb,
@@ -226,16 +237,30 @@ __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl,
                                         uint32_t* consumed, unsigned long long* trace) {
   RowSums<kNvfp4GroupTiles, MB> sums;
   sums.start(wb, pl.chunks);
-  for (int64_t x = wb; x < we; ++x) {
+  for (int64_t x = wb; x < we;) {
+    // The producer's stage_chunks: up to S, within the share and the row (sums.left: the chunks
+    // left in the row of the next chunk; 0 where that row is done and the next begins).
+    const int64_t in_row = sums.left == 0 ? sums.chunks : sums.left;
+    const int n = static_cast<int>(min(static_cast<int64_t>(pl.stage_chunks), min(we - x, in_row)));
     const uint32_t k = (*consumed)++;
     mbar_wait(rings.full(warp, k), rings.parity(k));
     if constexpr (kTraced) {
       if (k == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
-    sums.next_chunk(slots, warp, r_first, lane);
-    Nv::template mma<MB>(rings.stage(warp, k), lane, a.m, sums.acc);
+    const uint32_t stage = rings.stage(warp, k);
+    const uint32_t scales = stage + pl.stage_chunks * kTmaChunkCodeBytes;
+    const uint32_t xs = stage + pl.stage_chunks * kTmaChunkWeightBytes;
+#pragma unroll
+    for (int j = 0; j < kTmaMaxStageChunks; ++j) {
+      if (j < n) {
+        sums.next_chunk(slots, warp, r_first, lane);
+        Nv::template mma_at<MB>(stage + j * kTmaChunkCodeBytes, scales + j * kTmaChunkScaleBytes,
+                                xs + j * kTmaChunkXRowBytes, pl.stage_chunks * kTmaChunkXRowBytes, lane, a.m, sums.acc);
+      }
+    }
     __syncwarp();  // every lane has read the stage
     if (lane == 0) mbar_arrive(rings.empty(warp, k));
+    x += n;
   }
   sums.leave(slots, warp, r_first, lane);
 }
@@ -303,15 +328,15 @@ __global__ void __launch_bounds__(kThreadsOf<W>, W == kTmaWarpsBeside ? 2 : 1)
 // ---------------------------------------------------------------------------------------------
 // host side
 
-// x [M, K] bf16 (rows x_ld apart) as boxes of [M, 64] (no swizzle: the stage layout's rows of
-// 128 bytes); elements past K read as zeros.
-CUtensorMap activation_map(const StreamGemmArgs& a) {
+// x [M, K] bf16 (rows x_ld apart) as boxes of [M, 64 S] (no swizzle: a stage's activation rows of
+// S x 128 bytes, stream_tma_cursor.h); elements past K read as zeros.
+CUtensorMap activation_map(const StreamGemmArgs& a, int stage_chunks) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(a.k), static_cast<cuuint64_t>(a.m)};
   // One row's stride is never used, but the map wants one of at least a row (16-byte multiple).
   const int64_t ld = a.m == 1 ? std::max<int64_t>(a.x_ld, (a.k + 7) / 8 * 8) : a.x_ld;
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(Nv::kChunkK), static_cast<cuuint32_t>(a.m)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(stage_chunks * Nv::kChunkK), static_cast<cuuint32_t>(a.m)};
   const cuuint32_t one[2] = {1, 1};
   check_cu(driver().cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(a.x), dims,
                                            strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -325,33 +350,45 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
                   const StreamGemmTuning& t, cudaStream_t stream) {
   constexpr int R = kNvfp4GroupTiles, kThreads = kThreadsOf<W>;
   const int rows_per_unit = unit_rows_one_per_cta(work, sms, W);  // one unit per SM
-  const int slot_bytes = Nv::kWeightBytes + a.m * Nv::kXRowBytes;
   const int slots_bytes = (W + rows_per_unit - 1) * R * MB * 512;
-  auto smem_for = [&](int stages) { return kSmemAlign + W * stages * slot_bytes + slots_bytes; };
-  auto per_sm = [&](int stages) {
+  // A stage of S chunks: their weights, then M activation rows of S x 128 bytes.
+  auto slot_bytes = [&](int chunks) { return chunks * (kTmaChunkWeightBytes + a.m * kTmaChunkXRowBytes); };
+  auto smem_for = [&](int chunks, int stages) { return kSmemAlign + W * stages * slot_bytes(chunks) + slots_bytes; };
+  auto per_sm = [&](int chunks, int stages) {
     return resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, false, W>),
                                 reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, true, W>), kThreads,
-                                smem_for(stages));
+                                smem_for(chunks, stages));
   };
-  // The deepest ring with which two CTAs fit an SM (this launch's and the next one's), else one
-  // (16 consumer warps: always one).
-  int stages = t.stages;
-  for (int want : {W == kTmaWarpsBeside ? 2 : 1, 1})
-    for (int d = kMaxStages; d >= 2 && stages == 0; --d)
-      if (per_sm(d) >= want) stages = d;
-  if (stages == 0 || per_sm(stages) == 0) return false;
+  // Two chunks per stage where at least two such stages fit (fewer copies: stream_tma_cursor.h)
+  // and K has two chunks (the activation box may not be wider than x), else one. Then the deepest
+  // ring with which two CTAs fit an SM (this launch's and the next one's), else one (16 consumer
+  // warps: always one); or the ring depth asked for.
+  int stage_chunks = 0, stages = 0;
+  for (int chunks = a.k >= kTmaMaxStageChunks * Nv::kChunkK ? kTmaMaxStageChunks : 1; chunks >= 1 && stages == 0;
+       --chunks) {
+    if (t.stages > 0) {
+      if (per_sm(chunks, t.stages) >= 1) stages = t.stages;
+    } else {
+      for (int want : {W == kTmaWarpsBeside ? 2 : 1, 1})
+        for (int d = kMaxStages; d >= 2 && stages == 0; --d)
+          if (per_sm(chunks, d) >= want) stages = d;
+    }
+    if (stages > 0) stage_chunks = chunks;
+  }
+  if (stages == 0) return false;
 
   Plan pl{};
   const int blocks = plan_units(pl, a, work, sms, sms, W, H, t.units_per_cta, rows_per_unit, groups_total, rows_total,
                                 R * MB * 32, stream);  // one CTA per SM
-  pl.slot_bytes = slot_bytes;
+  pl.slot_bytes = slot_bytes(stage_chunks);
   pl.stages = stages;
-  pl.ring_bytes = stages * slot_bytes;
+  pl.stage_chunks = stage_chunks;
+  pl.ring_bytes = stages * pl.slot_bytes;
   pl.overlapped = t.dependent_launch ? 1 : 0;
   pl.prefetch_bytes = t.prefetch_kb << 10;  // none by default: the rings' first stages are copied early
   pl.trace = t.trace;
-  const CUtensorMap xmap = activation_map(a);
-  DependentLaunch launch(dim3(blocks), dim3(kThreads), smem_for(stages), stream, pl.overlapped != 0);
+  const CUtensorMap xmap = activation_map(a, stage_chunks);
+  DependentLaunch launch(dim3(blocks), dim3(kThreads), smem_for(stage_chunks, stages), stream, pl.overlapped != 0);
   auto* kernel =
       pl.trace.buf != nullptr ? stream_gemm_tma_kernel<MB, H, true, W> : stream_gemm_tma_kernel<MB, H, false, W>;
   LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, a, pl, xmap),

@@ -1,8 +1,15 @@
 // Internal to the CUDA backend (host and device): the TMA feed's walk over a consumer warp's
-// chunks of NVFP4 weights (stream_gemm_tma_kernel.cu) and the bulk copies that put one chunk into
-// a stage, in the stage layout of Format<kNVFP4> (stream_gemm_device.cuh): the 4 tiles' codes,
-// 512 bytes each, then their scale codes, 64 bytes each. Host-callable so that a CPU test checks
-// the walk against the tile layout (tests/cuda/stream_tma_cursor_test.cpp).
+// chunks of NVFP4 weights (stream_gemm_tma_kernel.cu), and the bulk copies that put a stage's
+// chunks into it. Host-callable so that a CPU test checks the walk against the tile layout
+// (tests/cuda/stream_tma_cursor_test.cpp).
+//
+// A stage holds up to S = Plan::stage_chunks (1 or 2) consecutive chunks of one row: their codes
+// side by side (chunk j's 4 tiles, 512 bytes each, at j * 2 KB), then their scale codes (chunk
+// j's 4 x 64 bytes at S * 2 KB + j * 256), then the activations, an [M, 64 S] box of x (row m at
+// S * 2304 + m * S * 128; chunk j's 64 K values at + j * 128). Two chunks per stage where two
+// stages of them fit, because the copies, not the bytes, limit a TMA feed: a producer warp
+// issuing 3 copies per one-chunk stage streams 2.0 TB/s on the H200 at 8 or 16 consumer warps
+// per SM, 3.3-3.5 TB/s with two chunks per stage (cuda_stream_probe --producer, 2026-12-05).
 #pragma once
 #include <cstdint>
 
@@ -11,11 +18,17 @@
 
 namespace locus::cuda::detail {
 
+constexpr int kTmaMaxStageChunks = 2;
+constexpr int kTmaChunkCodeBytes = kNvfp4GroupTiles * kNvfp4TileBytes;  // one chunk's codes: 2 KB
+constexpr int kTmaChunkScaleBytes = kNvfp4GroupTiles * 64;              // and its scale codes
+constexpr int kTmaChunkWeightBytes = kTmaChunkCodeBytes + kTmaChunkScaleBytes;
+constexpr int kTmaChunkXRowBytes = 128;  // one token's 64 K values
+
 // The cursor over the chunks of `domain`'s rows laid end to end (x = row * C + c): the next
 // chunk, its row and chunk within the row, and, where the row group's 4 tiles are one storage
 // group (tiles 4g..4g+3 of the part, all within it), that chunk's codes and scales (each 4 tiles
 // side by side: one copy each); nullptr where the chunk is copied tile by tile. `PlanT` has
-// `chunks` (C) and `rows[domain]`.
+// `chunks` (C), `rows[domain]` and `stage_chunks`.
 template <int H, class PlanT>
 struct TmaChunkCursor {
   static constexpr int R = kNvfp4GroupTiles;
@@ -46,6 +59,15 @@ struct TmaChunkCursor {
     c = static_cast<int32_t>(chunk - row * pl.chunks);
     locate();
   }
+  // The chunks the stage at the cursor takes, of a share that ends before chunk `we`: up to
+  // pl.stage_chunks, within the row.
+  LOCUS_HD int stage_chunks(int64_t we) const {
+    const int64_t n = we - x < pl.chunks - c ? we - x : pl.chunks - c;
+    return n < pl.stage_chunks ? static_cast<int>(n) : pl.stage_chunks;
+  }
+  LOCUS_HD void advance(int n) {
+    for (int i = 0; i < n; ++i) next();
+  }
   // Chunk c + 1 of a tile is 4 tiles further (group-major).
   LOCUS_HD void next() {
     ++x;
@@ -60,32 +82,36 @@ struct TmaChunkCursor {
     }
   }
 
-  // The copies of the cursor's chunk's weights: copy(offset in the stage, source, bytes) for each,
-  // R * (512 + 64) bytes in all.
+  // The copies of the weights of the `n` chunks from the cursor's (n <= stage_chunks(), so one
+  // row): copy(offset in the stage, source, bytes) for each, n * (2 KB + 256) bytes in all.
+  // (The scale codes start after pl.stage_chunks chunks' codes.)
 #ifdef __CUDACC__
 #pragma nv_exec_check_disable
 #endif
   template <class Copy>
-  LOCUS_HD void weight_copies(Copy&& copy) const {
-    if (codes != nullptr) {
-      copy(0, codes, R * kNvfp4TileBytes);
-      copy(R * kNvfp4TileBytes, scales, R * kScaleBytes);
+  LOCUS_HD void weight_copies(int n, Copy&& copy) const {
+    if (codes != nullptr) {  // the row's chunks follow each other in its storage group
+      copy(0, codes, n * kTmaChunkCodeBytes);
+      copy(pl.stage_chunks * kTmaChunkCodeBytes, scales, n * kTmaChunkScaleBytes);
       return;
     }
     // Up rows that start inside a storage group, or tiles past the part's end (they read its last
-    // tile, valid memory; their outputs are dropped).
+    // tile, valid memory; their outputs are dropped): tile by tile.
     const Segment u = decode_row<H>(a, domain, row);
     const StreamGemmPart& p = a.parts[u.part];
     const int t0 = u.group * R, up = u.half * static_cast<int>(p.up_offset);
+    for (int j = 0; j < n; ++j) {
 #ifdef __CUDA_ARCH__
 #pragma unroll
 #endif
-    for (int r = 0; r < R; ++r) {
-      const int tile = t0 + r < p.tiles - 1 ? t0 + r : p.tiles - 1;
-      const int64_t at = nvfp4_tile_index(tile + up, c, pl.chunks);
-      copy(r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes, kNvfp4TileBytes);
-      copy(R * kNvfp4TileBytes + r * kScaleBytes, reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes,
-           kScaleBytes);
+      for (int r = 0; r < R; ++r) {
+        const int tile = t0 + r < p.tiles - 1 ? t0 + r : p.tiles - 1;
+        const int64_t at = nvfp4_tile_index(tile + up, c + j, pl.chunks);
+        copy(j * kTmaChunkCodeBytes + r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes,
+             kNvfp4TileBytes);
+        copy(pl.stage_chunks * kTmaChunkCodeBytes + j * kTmaChunkScaleBytes + r * kScaleBytes,
+             reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes, kScaleBytes);
+      }
     }
   }
 };
