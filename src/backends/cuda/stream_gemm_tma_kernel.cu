@@ -9,9 +9,13 @@
 // launch's CTAs are resident while this one streams, and their producers copy their first chunks
 // of weights before this launch ends (no kernel writes weights: cuda_hooks.cpp, rule 5); the
 // activations follow after it. Copies no longer need the consumers' issue slots, so 8 warps per
-// SM dequantize while ~80-100 KB per SM are in flight. (Whether 8 dequantizing warps per SM keep
-// up is for the GPU to say: StreamGemmTuning::warps = 16 gives a CTA 16 consumer warps, one CTA
-// per SM and no next launch beside, to compare.)
+// SM dequantize while ~75-100 KB per SM are in flight (StreamGemmTuning::warps = 16 gives a CTA
+// 16 consumer warps, one CTA per SM and no next launch beside, to compare).
+//
+// Measured on the H200 (2026-12-05, docs/benchmarks.md): the launches overlap as meant, but the
+// feed streams at about 2.85 TB/s against the cp.async rings' 3.6 (18432 x 7168, M = 1: 37.6
+// against 32.4 us per call): half an SM holds fewer bytes in flight than the rings keep. So it is
+// opt-in (StreamGemmTuning::feed), not the default.
 //
 // How. The work is the cp.async kernel's: per domain, stream-K units of its rows laid end to end;
 // with one domain CTA b's first unit is unit b, further units (and every unit with several
@@ -24,11 +28,10 @@
 // group's 4 tiles are one storage group, else one per tile and chunk), then their activations,
 // an [M, 64 S] box of x by a tensor copy (zeros past M and K). Three copies per stage of two
 // chunks, not per chunk, where they fit: the copies' count limits a TMA feed (2.0 TB/s with one
-// chunk per stage on the H200, 2026-12-05). Lane w of the
-// producer warp fills consumer warp w's ring, across units; full and empty mbarriers per stage.
-// A stage's full barrier expects its weights and activations at once, so (one domain: the first
-// unit is known) the weights of a warp's first D stages can go in before the previous kernel has
-// ended and the activations after.
+// chunk per stage on the H200, 2026-12-05). Lane w of the producer warp fills consumer warp w's
+// ring, across units; full and empty mbarriers per stage. A stage's full barrier expects its
+// weights and activations at once, so (one domain: the first unit is known) the weights of a
+// warp's first D stages can go in before the previous kernel has ended and the activations after.
 #include <cuda.h>
 
 #include <algorithm>
@@ -85,7 +88,7 @@ __device__ __forceinline__ void warp_range(const Plan& pl, int domain, int64_t u
   *we = begin + (end - begin) * (w + 1) / W;
 }
 
-// A consumer warp's stage k (its k-th chunk over the launch) and that stage's barriers.
+// A consumer warp's ring stage for its k-th stage of chunks over the launch, and its barriers.
 template <int W>
 struct Rings {
   const Plan& pl;
@@ -110,7 +113,7 @@ struct ProducerLane {
   const CUtensorMap* xmap;
   Rings<W> rings;
   int w;
-  uint32_t k = 0;  // chunks put into the ring so far
+  uint32_t k = 0;  // stages put into the ring so far
   TmaChunkCursor<H, Plan> cur{a, pl};  // the next chunk to put in
 
   // The weights of the n chunks from the cursor's into stage `dst`, completing on `bar`.
