@@ -123,7 +123,7 @@ struct ProducerLane {
   // The activations of the stage from the cursor's chunk, x[0..M, 64 c..64 (c + S)), after the
   // stage's weights (the whole box lands, zeros past K, however many chunks the stage has).
   __device__ void copy_x(uint32_t dst, uint32_t bar) const {
-    tensor_copy_2d(dst + pl.stage_chunks * kTmaChunkWeightBytes, xmap, cur.c * Nv::kChunkK, 0, bar);
+    tensor_copy_2d(dst + TmaStageLayout{pl.stage_chunks}.x(0), xmap, cur.c * Nv::kChunkK, 0, bar);
   }
   // Whether the ring's next stage is free (its previous chunk read), without waiting.
   __device__ bool stage_free() const {
@@ -135,7 +135,7 @@ struct ProducerLane {
   __device__ void issue(bool with_x, int64_t we) {
     const uint32_t dst = rings.stage(w, k), bar = rings.full(w, k);
     const int n = cur.stage_chunks(we);
-    mbar_expect(bar, n * kTmaChunkWeightBytes + a.m * pl.stage_chunks * kTmaChunkXRowBytes);
+    mbar_expect(bar, TmaStageLayout{pl.stage_chunks}.landed_bytes(n, a.m));
     copy_weights(dst, bar, n);
     if (with_x) copy_x(dst, bar);
     ++k;
@@ -238,27 +238,25 @@ template <int MB, bool kTraced, int W>
 __device__ __forceinline__ void consume(const StreamGemmArgs& a, const Plan& pl, const Rings<W>& rings, int64_t wb,
                                         int64_t we, int64_t r_first, uint8_t* slots, int warp, int lane,
                                         uint32_t* consumed, unsigned long long* trace) {
+  const TmaStageLayout at{pl.stage_chunks};
   RowSums<kNvfp4GroupTiles, MB> sums;
   sums.start(wb, pl.chunks);
   for (int64_t x = wb; x < we;) {
-    // The producer's stage_chunks: up to S, within the share and the row (sums.left: the chunks
-    // left in the row of the next chunk; 0 where that row is done and the next begins).
-    const int64_t in_row = sums.left == 0 ? sums.chunks : sums.left;
-    const int n = static_cast<int>(min(static_cast<int64_t>(pl.stage_chunks), min(we - x, in_row)));
+    // The producer's count (sums.left: the chunks left in the row of the next chunk; 0 where that
+    // row is done and the next begins).
+    const int n = at.chunks(we - x, sums.left == 0 ? sums.chunks : sums.left);
     const uint32_t k = (*consumed)++;
     mbar_wait(rings.full(warp, k), rings.parity(k));
     if constexpr (kTraced) {
       if (k == 0 && lane == 0) stamp(trace, kStreamTraceFirst);
     }
     const uint32_t stage = rings.stage(warp, k);
-    const uint32_t scales = stage + pl.stage_chunks * kTmaChunkCodeBytes;
-    const uint32_t xs = stage + pl.stage_chunks * kTmaChunkWeightBytes;
 #pragma unroll
     for (int j = 0; j < kTmaMaxStageChunks; ++j) {
       if (j < n) {
         sums.next_chunk(slots, warp, r_first, lane);
-        Nv::template mma_at<MB>(stage + j * kTmaChunkCodeBytes, scales + j * kTmaChunkScaleBytes,
-                                xs + j * kTmaChunkXRowBytes, pl.stage_chunks * kTmaChunkXRowBytes, lane, a.m, sums.acc);
+        Nv::template mma_at<MB>(stage + at.codes(j), stage + at.scales(j), stage + at.x(j), at.x_row_bytes(), lane, a.m,
+                                sums.acc);
       }
     }
     __syncwarp();  // every lane has read the stage
@@ -354,8 +352,7 @@ bool launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   constexpr int R = kNvfp4GroupTiles, kThreads = kThreadsOf<W>;
   const int rows_per_unit = unit_rows_one_per_cta(work, sms, W);  // one unit per SM
   const int slots_bytes = (W + rows_per_unit - 1) * R * MB * 512;
-  // A stage of S chunks: their weights, then M activation rows of S x 128 bytes.
-  auto slot_bytes = [&](int chunks) { return chunks * (kTmaChunkWeightBytes + a.m * kTmaChunkXRowBytes); };
+  auto slot_bytes = [&](int chunks) { return TmaStageLayout{chunks}.bytes(a.m); };
   auto smem_for = [&](int chunks, int stages) { return kSmemAlign + W * stages * slot_bytes(chunks) + slots_bytes; };
   auto per_sm = [&](int chunks, int stages) {
     return resident_ctas_per_sm(reinterpret_cast<const void*>(stream_gemm_tma_kernel<MB, H, false, W>),

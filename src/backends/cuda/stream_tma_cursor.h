@@ -24,6 +24,26 @@ constexpr int kTmaChunkScaleBytes = kNvfp4GroupTiles * 64;              // and i
 constexpr int kTmaChunkWeightBytes = kTmaChunkCodeBytes + kTmaChunkScaleBytes;
 constexpr int kTmaChunkXRowBytes = 128;  // one token's 64 K values
 
+// Where things lie in a stage of S chunks (the layout above), for the producer's copies and
+// expected bytes, the consumers' reads and the host's sizing.
+struct TmaStageLayout {
+  int S;
+  LOCUS_HD int codes(int j) const { return j * kTmaChunkCodeBytes; }
+  LOCUS_HD int scales(int j) const { return S * kTmaChunkCodeBytes + j * kTmaChunkScaleBytes; }
+  LOCUS_HD int x(int j) const { return S * kTmaChunkWeightBytes + j * kTmaChunkXRowBytes; }  // token 0's
+  LOCUS_HD int x_row_bytes() const { return S * kTmaChunkXRowBytes; }
+  LOCUS_HD int bytes(int m) const { return S * kTmaChunkWeightBytes + m * x_row_bytes(); }
+  // What a stage's barrier expects: n chunks' weights and the whole activation box of m tokens.
+  LOCUS_HD int landed_bytes(int n, int m) const { return n * kTmaChunkWeightBytes + m * x_row_bytes(); }
+  // The chunks a stage takes: up to S, within what is left of the warp's share and of the row.
+  // (The producer and the consumers each count a warp's stages with it: they must agree. Written
+  // as min(S, n) in 64 bits: the form n < S ? n : S costs the kernel's M = 9..16 forms a spill.)
+  LOCUS_HD int chunks(int64_t share_left, int64_t row_left) const {
+    const int64_t n = share_left < row_left ? share_left : row_left;
+    return static_cast<int>(S < n ? static_cast<int64_t>(S) : n);
+  }
+};
+
 // The cursor over the chunks of `domain`'s rows laid end to end (x = row * C + c): the next
 // chunk, its row and chunk within the row, and, where the row group's 4 tiles are one storage
 // group (tiles 4g..4g+3 of the part, all within it), that chunk's codes and scales (each 4 tiles
@@ -61,10 +81,7 @@ struct TmaChunkCursor {
   }
   // The chunks the stage at the cursor takes, of a share that ends before chunk `we`: up to
   // pl.stage_chunks, within the row.
-  LOCUS_HD int stage_chunks(int64_t we) const {
-    const int64_t n = we - x < pl.chunks - c ? we - x : pl.chunks - c;
-    return n < pl.stage_chunks ? static_cast<int>(n) : pl.stage_chunks;
-  }
+  LOCUS_HD int stage_chunks(int64_t we) const { return TmaStageLayout{pl.stage_chunks}.chunks(we - x, pl.chunks - c); }
   LOCUS_HD void advance(int n) {
     for (int i = 0; i < n; ++i) next();
   }
@@ -84,15 +101,15 @@ struct TmaChunkCursor {
 
   // The copies of the weights of the `n` chunks from the cursor's (n <= stage_chunks(), so one
   // row): copy(offset in the stage, source, bytes) for each, n * (2 KB + 256) bytes in all.
-  // (The scale codes start after pl.stage_chunks chunks' codes.)
 #ifdef __CUDACC__
 #pragma nv_exec_check_disable
 #endif
   template <class Copy>
   LOCUS_HD void weight_copies(int n, Copy&& copy) const {
+    const TmaStageLayout at{pl.stage_chunks};
     if (codes != nullptr) {  // the row's chunks follow each other in its storage group
-      copy(0, codes, n * kTmaChunkCodeBytes);
-      copy(pl.stage_chunks * kTmaChunkCodeBytes, scales, n * kTmaChunkScaleBytes);
+      copy(at.codes(0), codes, n * kTmaChunkCodeBytes);
+      copy(at.scales(0), scales, n * kTmaChunkScaleBytes);
       return;
     }
     // Up rows that start inside a storage group, or tiles past the part's end (they read its last
@@ -106,11 +123,10 @@ struct TmaChunkCursor {
 #endif
       for (int r = 0; r < R; ++r) {
         const int tile = t0 + r < p.tiles - 1 ? t0 + r : p.tiles - 1;
-        const int64_t at = nvfp4_tile_index(tile + up, c + j, pl.chunks);
-        copy(j * kTmaChunkCodeBytes + r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + at * kNvfp4TileBytes,
+        const int64_t t = nvfp4_tile_index(tile + up, c + j, pl.chunks);
+        copy(at.codes(j) + r * kNvfp4TileBytes, static_cast<const uint8_t*>(p.w) + t * kNvfp4TileBytes,
              kNvfp4TileBytes);
-        copy(pl.stage_chunks * kTmaChunkCodeBytes + j * kTmaChunkScaleBytes + r * kScaleBytes,
-             reinterpret_cast<const uint8_t*>(p.scales) + at * kScaleBytes, kScaleBytes);
+        copy(at.scales(j) + r * kScaleBytes, reinterpret_cast<const uint8_t*>(p.scales) + t * kScaleBytes, kScaleBytes);
       }
     }
   }
