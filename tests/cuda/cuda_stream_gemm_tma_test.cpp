@@ -176,15 +176,16 @@ TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
 }
 
 // Activations with a row stride wider than K (a column slice of a wider tensor, as the tensor
-// map's row stride must follow), at M = 1, 5 and 16; and K < 64 (narrower than one activation
-// box), which the cp.async kernel takes.
+// map's row stride must follow), at M = 1, 5 and 16; K = 96 (too short for a two-chunk stage's
+// activation box: stages of one chunk); and K < 64 (narrower than one activation box), which the
+// cp.async kernel takes.
 TEST(CudaStreamGemmTma, StridedActivationsAndShortK) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   TmaFeed feed;
   for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 512, 1552}, {5, 512, 1552}, {16, 256, 2048},
-                         {4, 512, 32}, {16, 256, 48}}) {
+                         {5, 512, 96}, {4, 512, 32}, {16, 256, 48}}) {
     SCOPED_TRACE(::testing::Message() << "M " << m << " N " << n << " K " << k);
     const Tensor wide = randn({m, k + 72}, DType::kBF16, seed + m + k);  // row stride k + 72: 16-byte rows
     const Tensor x = wide.slice(1, 8, 8 + k).clone();
