@@ -2,10 +2,12 @@
 #include "backends/cuda/path_choice.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/env_settings.h"
 
@@ -23,6 +25,12 @@ Choices& choices() {
 
 bool autotune() {
   static const bool on = env_switch("LOCUS_PATH_AUTOTUNE");
+  return on;
+}
+
+// LOCUS_PATH_CHOICE_LOG=1: each timed choice is printed to stderr (key, each path's time, pick).
+bool log_choices() {
+  static const bool on = env_int("LOCUS_PATH_CHOICE_LOG", 0) != 0;
   return on;
 }
 
@@ -77,27 +85,55 @@ struct FlushBuffer {
   unsigned* sink() const { return reinterpret_cast<unsigned*>(static_cast<char*>(p) + bytes); }
 };
 
+// Milliseconds of one run of each of `calls` on `stream`: `rounds` rounds in which the calls take
+// turns (so that clock drift reaches them alike), each run right after twice the L2 was read
+// through it; per call the best of the rounds after the first (a warm-up).
+std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& calls, cudaStream_t stream, int rounds) {
+  // The L2 is read, not written: the run then reads its operands from memory, as a model's
+  // weights are read at decode (each layer's once per step), not from what the run before it left
+  // in L2 (timed warm, a tactic can win on operands that never are), and the lines the run evicts
+  // are clean, as a decode step's predecessor leaves them.
+  const FlushBuffer flush(stream);
+  const EventPair ev;
+  std::vector<float> best(calls.size(), 1e30f);
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < calls.size(); ++i) {
+      if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
+      LOCUS_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+      calls[i]();
+      LOCUS_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+      LOCUS_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      float ms = 0;
+      LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+      if (round > 0) best[i] = std::min(best[i], ms);
+    }
+  }
+  return best;
+}
+
+// Milliseconds of one call of each path as a captured graph runs it (time_rounds_ms over replays
+// of a graph of the path). A decode step is a graph, and eager timing would add each path's host
+// launch work, which differs a lot between one kernel (tensor maps, launch attributes) and a
+// fork/join over streams; it picked the fork/join where a graph runs the kernel 1.5x faster.
+// Each path runs once eagerly first, so that its own choices (cuBLASLt tactics) and scratch growth
+// happen outside the capture.
+std::vector<float> time_paths_in_graphs_ms(const std::vector<std::function<void()>>& paths, cudaStream_t stream) {
+  for (const auto& path : paths) path();
+  std::vector<Graph> graphs(paths.size());
+  std::vector<std::function<void()>> replays;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    graphs[i].begin_capture(stream);
+    paths[i]();
+    graphs[i].end_capture();
+    replays.push_back([&graphs, i, stream] { graphs[i].replay(stream); });
+  }
+  return time_rounds_ms(replays, stream, 4);
+}
+
 }  // namespace
 
 float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
-  // Before each run, twice the L2 is read through it: the run then reads its operands from
-  // memory, as a model's weights are read at decode (each layer's once per step), not from what the
-  // run before it left in L2 (timed warm, a tactic can win on operands that never are). A read, not
-  // a write: the lines the run evicts are clean, as a decode step's predecessor leaves them.
-  const FlushBuffer flush(stream);
-  const EventPair ev;
-  float best = 1e30f;
-  for (int rep = 0; rep < 4; ++rep) {
-    if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
-    LOCUS_CUDA_CHECK(cudaEventRecord(ev.start, stream));
-    call();
-    LOCUS_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
-    LOCUS_CUDA_CHECK(cudaEventSynchronize(ev.stop));
-    float ms = 0;
-    LOCUS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
-    if (rep > 0) best = std::min(best, ms);  // the first run is a warm-up
-  }
-  return best;
+  return time_rounds_ms({call}, stream, 4)[0];
 }
 
 int chosen_path(const std::string& key) {
@@ -118,9 +154,13 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
         choices().chosen.emplace(key, pick);
       }
     } else {
-      std::vector<float> ms;
-      for (const auto& path : paths) ms.push_back(time_call_ms(path, stream));
+      const std::vector<float> ms = time_paths_in_graphs_ms(paths, stream);
       pick = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+      if (log_choices()) {
+        std::string times;
+        for (float t : ms) times += str(times.empty() ? "" : ", ", t * 1e3f, " us");
+        std::fprintf(stderr, "locus: path choice %s: %s -> path %d\n", key.c_str(), times.c_str(), pick);
+      }
       std::lock_guard<std::mutex> lock(choices().mu);
       pick = choices().chosen.emplace(key, pick).first->second;  // another thread may have chosen first
     }

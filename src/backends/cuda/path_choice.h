@@ -13,9 +13,11 @@ namespace locus::cuda::detail {
 
 // Runs, on `stream`, the path of `paths` chosen for `key`: each path enqueues one complete call of
 // the op (all of them give the same result up to rounding). The first call for a key times every
-// path (time_call_ms: a warm-up, then the best of 3 runs with a cold L2; their work is real and
-// the last run is the chosen path's). Inside a capture, or with LOCUS_PATH_AUTOTUNE=0, a key without a
-// choice takes paths[0] untimed (and is not remembered while capturing).
+// path as a captured graph runs it: each path runs once eagerly, is captured into a graph, and
+// the graphs are replayed in turns with a cold L2 (a warm-up, then the best of 3). Their work is
+// real, and the chosen path runs once more eagerly after. Inside a capture, or with
+// LOCUS_PATH_AUTOTUNE=0, a key without a choice takes paths[0] untimed (and is not remembered
+// while capturing). LOCUS_PATH_CHOICE_LOG=1 prints each timed choice to stderr.
 void run_fastest_path(const std::string& key, const std::vector<std::function<void()>>& paths, cudaStream_t stream);
 
 // The index chosen for `key`, -1 when none is (for tests and benchmarks).
