@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,27 @@ TEST_F(CudaPathChoice, HostWorkInAPathDoesNotCount) {
   const std::string key = "path-choice-host:" + std::to_string(fresh_seed());
   cuda::detail::run_fastest_path(key, {memset_path(0, 64 << 20, 4), slow_host}, s_);
   EXPECT_EQ(cuda::detail::chosen_path(key), 1);
+}
+
+TEST_F(CudaPathChoice, PathThatCannotBeCapturedIsTimedEagerly) {
+  // Path 1 refuses to be captured: the choice is still made (eagerly), and the stream is left
+  // out of capture, so that the faster path wins and a later capture works.
+  const std::function<void()> uncapturable = [this] {
+    if (cuda::stream_is_capturing(s_)) throw std::runtime_error("this path cannot be captured");
+    ++calls_[1];
+    ASSERT_EQ(cudaMemsetAsync(buf_.data_ptr(), 2, 64 << 20, s_), cudaSuccess);
+  };
+  const std::string key = "path-choice-uncapturable:" + std::to_string(fresh_seed());
+  cuda::detail::run_fastest_path(key, {memset_path(0, 1 << 20, 1), uncapturable}, s_);
+  EXPECT_EQ(cuda::detail::chosen_path(key), 0);
+  EXPECT_FALSE(cuda::stream_is_capturing(s_));
+  EXPECT_EQ(calls_[1], 5) << "run once, then timed eagerly 4 times";
+  cuda::Graph graph;
+  graph.begin_capture(s_);
+  cuda::detail::run_fastest_path(key, {memset_path(0, 1 << 20, 1), uncapturable}, s_);
+  graph.end_capture();
+  graph.replay(s_);
+  ASSERT_EQ(cudaStreamSynchronize(s_), cudaSuccess);
 }
 
 TEST_F(CudaPathChoice, UnknownProblemInsideACaptureTakesTheFirstPathUntimed) {

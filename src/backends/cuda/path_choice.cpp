@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <map>
 #include <mutex>
 
@@ -121,11 +122,20 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<std::function<void(
   for (const auto& path : paths) path();
   std::vector<Graph> graphs(paths.size());
   std::vector<std::function<void()>> replays;
-  for (size_t i = 0; i < paths.size(); ++i) {
-    graphs[i].begin_capture(stream);
-    paths[i]();
-    graphs[i].end_capture();
-    replays.push_back([&graphs, i, stream] { graphs[i].replay(stream); });
+  try {
+    for (size_t i = 0; i < paths.size(); ++i) {
+      graphs[i].begin_capture(stream);
+      paths[i]();
+      graphs[i].end_capture();
+      replays.push_back([&graphs, i, stream] { graphs[i].replay(stream); });
+    }
+  } catch (const std::exception& e) {
+    // A path that cannot be captured here: time them eagerly, so that the op still runs (a
+    // capture of it will say what broke).
+    if (log_choices()) std::fprintf(stderr, "locus: path choice timed eagerly (capture failed: %s)\n", e.what());
+    replays.clear();
+    graphs.clear();  // ends the capture that broke
+    return time_rounds_ms(paths, stream, 4);
   }
   return time_rounds_ms(replays, stream, 4);
 }
