@@ -66,8 +66,8 @@ TEST_F(CudaPathChoice, TimesOnceThenRunsTheFasterPath) {
 }
 
 TEST_F(CudaPathChoice, HostWorkInAPathDoesNotCount) {
-  // Path 0 spends 2 ms on the host before it writes 1 MB; path 1 writes 256 MB (under 0.2 ms on
-  // any GPU this runs on). Timed eagerly, path 0 would take 2 ms; a captured decode step runs
+  // Path 0 writes 256 MB (under 0.2 ms on any GPU this runs on); path 1 spends 2 ms on the host
+  // before it writes 1 MB. Timed eagerly, path 1 would take 2 ms; a captured decode step runs
   // only its 1 MB write.
   const std::function<void()> slow_host = [this] {
     ++calls_[1];
