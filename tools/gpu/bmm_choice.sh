@@ -15,6 +15,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-bmm-choice}"
 mkdir -p "$OUT"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
+source tools/gpu/tiny_model_env.sh  # tiny_prompts, make_tiny_models, set_ld_flags
 rounds=2
 while (($#)); do
   case "$1" in
@@ -39,17 +40,15 @@ note "cuda_gemm_bench --bmm, LOCUS_PATH_AUTOTUNE=0: exit $?"
 grep '^| 128' "$OUT/bmm_kernel_always.md" >> "$OUT/summary.txt"
 
 TINY="$(mktemp -d)/tiny"
-"$CARRY/locus" make-tiny-model "$TINY/bf16" --seed 1 > /dev/null 2>&1 &&
-  "$CARRY/locus" make-tiny-model "$TINY/nvfp4" --nvfp4 --seed 1 > /dev/null 2>&1 || note "make-tiny-model FAILED"
-prompts=(--prompt "Locality domains split a GPU" --prompt "abc" --prompt "DeepSeek" --prompt "x")
+make_tiny_models "$TINY" "$OUT/make_tiny_models.log" || note "make-tiny-model FAILED (see $OUT/make_tiny_models.log)"
 for fmt in bf16 nvfp4; do
   for mode in off on on_kernel_always; do
-    env=(LOCUS_PATH_CHOICE_LOG=1); ld=()
-    [[ $mode != off ]] && ld=(--enable-locality-domains --locality-domains-emulate 2)
+    env=(LOCUS_PATH_CHOICE_LOG=1)
+    set_ld_flags "$mode"
     [[ $mode == on_kernel_always ]] && env+=(LOCUS_PATH_AUTOTUNE=0)
     for rep in 1 2; do
-      env "${env[@]}" timeout 120 "$CARRY/locus" generate --model "$TINY/$fmt" --backend cuda "${prompts[@]}" \
-        --max-new-tokens 64 --quiet "${ld[@]}" > "$OUT/generate_${fmt}_${mode}_$rep.log" 2>&1
+      env "${env[@]}" timeout 120 "$CARRY/locus" generate --model "$TINY/$fmt" --backend cuda "${tiny_prompts[@]}" \
+        --max-new-tokens 64 --quiet "${ld_flags[@]}" > "$OUT/generate_${fmt}_${mode}_$rep.log" 2>&1
       note "generate $fmt LD $mode rep $rep: exit $?, $(grep -o 'decode [^;]*' "$OUT/generate_${fmt}_${mode}_$rep.log" | tail -1)"
     done
     grep '^locus: path choice' "$OUT/generate_${fmt}_${mode}_1.log" | sed 's/^locus: path choice /  /' >> "$OUT/summary.txt"

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-gpu}"
 mkdir -p "$OUT"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
+source tools/gpu/tiny_model_env.sh  # tiny_prompts, make_tiny_models, set_ld_flags
 quick=""; tests=1; e2e=1; bench=1; split=backfill
 while (($#)); do
   case "$1" in
@@ -53,14 +54,12 @@ if ((e2e)); then
   LOG="$OUT/e2e.log"; : > "$LOG"
   TINY="$(mktemp -d)/tiny"  # not under $OUT: the checkpoints need not come back
   rm -rf "$TINY"
-  "$LOCUS_BIN" make-tiny-model "$TINY/bf16" --seed 1 >> "$LOG" 2>&1 &&
-    "$LOCUS_BIN" make-tiny-model "$TINY/nvfp4" --nvfp4 --seed 1 >> "$LOG" 2>&1 || { note "make-tiny-model FAILED (see $LOG)"; rc=1; }
-  prompts=(--prompt "Locality domains split a GPU" --prompt "abc" --prompt "DeepSeek" --prompt "x")
+  make_tiny_models "$TINY" "$LOG" || { note "make-tiny-model FAILED (see $LOG)"; rc=1; }
   for fmt in bf16 nvfp4; do
     for ld in off on; do
-      ld_flags=(); [[ $ld == on ]] && ld_flags=(--enable-locality-domains --locality-domains-emulate 2)
+      set_ld_flags "$ld"
       echo "== generate cuda $fmt LD $ld" >> "$LOG"
-      timeout 300 "$LOCUS_BIN" generate --model "$TINY/$fmt" --backend cuda "${prompts[@]}" \
+      timeout 300 "$LOCUS_BIN" generate --model "$TINY/$fmt" --backend cuda "${tiny_prompts[@]}" \
         --max-new-tokens 64 --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
       g_rc=$?
       cat "$OUT/generate.out" >> "$LOG"
@@ -75,7 +74,7 @@ if ((e2e)); then
     ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
     for run in "cpu off" "cuda off" "cuda on"; do
       set -- $run
-      ld_flags=(); [[ $2 == on ]] && ld_flags=(--enable-locality-domains --locality-domains-emulate 2)
+      set_ld_flags "$2"
       timeout 300 "$LOCUS_BIN" logits --model "$TINY/$fmt" --backend "$1" "${ids[@]}" --quiet \
         --out "$OUT/logits_${fmt}_$1_$2.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 || { note "logits $fmt $1 LD $2: FAILED (see $LOG)"; rc=1; }
     done

@@ -9,12 +9,13 @@ cd "$(dirname "$0")/../.."
 PORT="${1:-18123}"
 BACKEND="${BACKEND:-cuda}"  # BACKEND=cpu runs the same checks without a GPU
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
+source tools/gpu/tiny_model_env.sh  # set_ld_flags
 T=$(mktemp -d)
 "$CARRY/locus" make-tiny-model "$T/tiny" --seed 1 > /dev/null || exit 1
 field() { python3 -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"; }
 completions=()
 for ld in off on; do
-  ld_flags=(); [[ $ld == on ]] && ld_flags=(--enable-locality-domains --locality-domains-emulate 2)
+  set_ld_flags "$ld"
   "$CARRY/locus" serve --model "$T/tiny" --backend "$BACKEND" --port "$PORT" --quiet "${ld_flags[@]}" > "$T/serve_$ld.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 60); do curl -s "localhost:$PORT/health" > /dev/null && break; sleep 1; done
