@@ -24,9 +24,9 @@
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B]
+// usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B]
 //                        [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
-// (--shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
+// (--copy-bandwidth: print the device line with the copy bandwidth, and stop. --shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
 // BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
 // CTAs per SM, early weight copies and room for the next launch, as in BmmTmaTuning (0 = the
 // default for the first two). --m: the
@@ -85,11 +85,12 @@ std::string us(double seconds) {
 
 int main(int argc, char** argv) {
   std::string split = "backfill", out_path, only_shape, tuning_arg, m_list, bmm_tuning_arg;
-  bool quick = false, sweep = false, bmm_only = false;
+  bool quick = false, sweep = false, bmm_only = false, bandwidth_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--split" && i + 1 < argc) split = argv[++i];
     else if (a == "--quick") quick = true;
+    else if (a == "--copy-bandwidth") bandwidth_only = true;
     else if (a == "--sweep") sweep = true;
     else if (a == "--bmm") bmm_only = true;
     else if (a == "--bmm-tuning" && i + 1 < argc) bmm_tuning_arg = argv[++i];
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -123,6 +124,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MB; partitions (%s): %d + %d SMs; copy bandwidth %.0f GB/s\n",
               info.name.c_str(), info.sm_count, info.l2_bytes >> 20, split.c_str(), parts[0].sm_count, parts[1].sm_count,
               bw * 1e-9);
+  if (bandwidth_only) return 0;
 
   std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
                                                      {24576, 1536}, {32768, 512}, {7168, 2048}};

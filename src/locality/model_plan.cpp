@@ -1,5 +1,6 @@
 #include "locality/model_plan.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -106,6 +107,8 @@ void DeepseekShapes::validate() const {
   positive("layers", layers);
   LOCUS_CHECK(q_lora_rank >= 0, "model shape q_lora_rank must be 0 (none) or positive, got ", q_lora_rank);
   LOCUS_CHECK(experts >= 0, "model shape experts must be 0 (no MoE) or positive, got ", experts);
+  LOCUS_CHECK(experts == 0 || (experts_per_token >= 1 && experts_per_token <= experts),
+              "model shape experts_per_token must be in [1, experts=", experts, "], got ", experts_per_token);
   LOCUS_CHECK(shared_experts >= 0, "model shape shared_experts must not be negative, got ", shared_experts);
   LOCUS_CHECK(dense_layers >= 0 && dense_layers <= layers, "model shape dense_layers must be in [0, layers=", layers,
               "], got ", dense_layers);
@@ -207,6 +210,41 @@ std::string format_model_plan(const std::vector<LayerPlan>& plans, const Planner
     total += total_domain[d];
   }
   s += " not partitioned " + gib(total_whole) + "; total " + gib(total) + "\n";
+  return s;
+}
+
+double decode_step_weight_bytes(const std::vector<LayerPlan>& plans, const DeepseekShapes& shapes, int64_t batch) {
+  LOCUS_CHECK(batch >= 1, "decode batch must be positive, got ", batch);
+  double bytes = 0;
+  for (const LayerPlan& e : plans) {
+    double share = 1.0;  // of the entry's weights one step reads
+    if (e.layer_type == "experts" && shapes.experts > 0) {
+      const double k_of_e = static_cast<double>(shapes.experts_per_token) / static_cast<double>(shapes.experts);
+      share = 1.0 - std::pow(1.0 - k_of_e, static_cast<double>(batch));
+    }
+    bytes += static_cast<double>(e.count) * static_cast<double>(e.whole_bytes) * share;
+  }
+  return bytes;
+}
+
+std::string format_decode_floor(const std::vector<LayerPlan>& plans, const DeepseekShapes& shapes,
+                                const std::vector<int64_t>& batches, double bandwidth_gbs) {
+  std::string s = "decode step weight reads (routed experts: those the batch's tokens pick under uniform routing; "
+                  "KV cache, embedding rows and norms not counted):\n";
+  for (const int64_t b : batches) {
+    const double bytes = decode_step_weight_bytes(plans, shapes, b);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "  batch %lld: %.3f GiB per step", static_cast<long long>(b),
+                  bytes / (1024.0 * 1024.0 * 1024.0));
+    s += buf;
+    if (bandwidth_gbs > 0) {
+      const double step_s = bytes / (bandwidth_gbs * 1e9);
+      std::snprintf(buf, sizeof buf, "; floor at %.0f GB/s: %.3f ms per step, %.1f tok/s", bandwidth_gbs,
+                    step_s * 1e3, static_cast<double>(b) / step_s);
+      s += buf;
+    }
+    s += "\n";
+  }
   return s;
 }
 

@@ -24,6 +24,7 @@ struct DeepseekShapes {  // DeepSeek-V3 defaults
   int64_t qk_rope = 64;
   int64_t v_head = 128;
   int64_t experts = 256;            // routed experts; 0: no MoE layers
+  int64_t experts_per_token = 8;    // routed experts each token picks (top-k)
   int64_t shared_experts = 1;
   int64_t vocab = 129280;
   int64_t layers = 61;
@@ -49,6 +50,18 @@ std::vector<LayerPlan> plan_deepseek_model(const DeepseekShapes& shapes, const P
 
 // Weight bytes of rows x k in `quant` (nvfp4: packed nibbles + one e4m3 scale per 16).
 int64_t weight_bytes(int64_t rows, int64_t k, QuantKind quant);
+
+// Weight bytes one decode step of `batch` tokens (one per sequence) reads, on average: every
+// layer's whole weights, but of the routed experts only those the tokens pick, E (1 - (1 - k/E)^B)
+// of E where each of the B tokens picks k of E experts uniformly and independently (a trained
+// router is less even: its tokens share more experts, so a step reads less). The KV cache, the
+// embedding rows and the norms are not counted.
+double decode_step_weight_bytes(const std::vector<LayerPlan>& plans, const DeepseekShapes& shapes, int64_t batch);
+
+// One line per batch size: the bytes a decode step reads and, with bandwidth_gbs > 0, the time
+// reading them takes at that rate and the tokens/s that allows (the decode floor).
+std::string format_decode_floor(const std::vector<LayerPlan>& plans, const DeepseekShapes& shapes,
+                                const std::vector<int64_t>& batches, double bandwidth_gbs);
 
 // Human-readable report: topology, policy, one block per layer type, and model totals per domain.
 std::string format_model_plan(const std::vector<LayerPlan>& plans, const Planner& planner);

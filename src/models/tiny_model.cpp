@@ -1,11 +1,13 @@
 #include "models/tiny_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 #include "core/float_convert.h"
@@ -53,25 +55,46 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-// Normal(0, std) values, a function of (seed, tensor name) only (Box-Muller over splitmix), so a
-// tensor's values do not depend on which other tensors exist or on the C++ library.
-std::vector<float> normal_values(uint64_t seed, const std::string& name, int64_t n, double std) {
-  uint64_t s = seed ^ fnv1a(name);
+// Calls fn(i0, i1) over [0, n) in contiguous chunks, on up to the hardware's threads, with at
+// least about `min_chunk` items each (tiny tensors: one call on this thread).
+void in_chunks(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), n / min_chunk + 1);
+  std::vector<std::thread> workers;
+  for (int64_t t = 1; t < threads; ++t) workers.emplace_back(fn, n * t / threads, n * (t + 1) / threads);
+  fn(0, n / threads);
+  for (std::thread& w : workers) w.join();
+}
+
+}  // namespace
+
+// Box-Muller over splitmix, seeded by (seed, tensor name), so a tensor's values do not depend on
+// which other tensors exist or on the C++ library. Splitmix's state only counts up, so value pair
+// j (the sequence's calls 2j + 1 and 2j + 2) can start anywhere: large tensors (DeepSeek-V3's
+// widths) are filled by several threads, with the same values.
+std::vector<float> tiny_model_normal_values(uint64_t seed, const std::string& name, int64_t n, double std) {
+  const uint64_t s0 = seed ^ fnv1a(name);
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; i += 2) {
-    const double u1 = (static_cast<double>(splitmix(s) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    const double u2 = static_cast<double>(splitmix(s) >> 11) * 0x1.0p-53;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    v[i] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
-    if (i + 1 < n) v[i + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
-  }
+  in_chunks((n + 1) / 2, 1 << 20, [&](int64_t j0, int64_t j1) {
+    uint64_t s = s0 + static_cast<uint64_t>(2 * j0) * 0x9E3779B97F4A7C15ull;
+    for (int64_t j = j0; j < j1; ++j) {
+      const double u1 = (static_cast<double>(splitmix(s) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+      const double u2 = static_cast<double>(splitmix(s) >> 11) * 0x1.0p-53;
+      const double r = std::sqrt(-2.0 * std::log(u1));
+      v[2 * j] = static_cast<float>(std * r * std::cos(2 * M_PI * u2));
+      if (2 * j + 1 < n) v[2 * j + 1] = static_cast<float>(std * r * std::sin(2 * M_PI * u2));
+    }
+  });
   return v;
 }
+
+namespace {
 
 Tensor bf16_tensor(const Shape& shape, const std::vector<float>& v) {
   Tensor t = Tensor::empty(shape, DType::kBF16);
   auto* p = t.data<uint16_t>();
-  for (size_t i = 0; i < v.size(); ++i) p[i] = f32_to_bf16_bits(v[i]);
+  in_chunks(static_cast<int64_t>(v.size()), 1 << 22, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) p[i] = f32_to_bf16_bits(v[i]);
+  });
   return t;
 }
 
@@ -160,6 +183,10 @@ void check_options(const TinyModelOptions& o) {
   pos("num_heads", o.num_heads);
   pos("q_lora_rank", o.q_lora_rank);
   pos("kv_lora_rank", o.kv_lora_rank);
+  pos("qk_nope_head_dim", o.qk_nope_head_dim);
+  pos("qk_rope_head_dim", o.qk_rope_head_dim);
+  pos("v_head_dim", o.v_head_dim);
+  LOCUS_CHECK(o.n_shared_experts >= 0, "tiny model: n_shared_experts must not be negative, got ", o.n_shared_experts);
   pos("intermediate_size", o.intermediate_size);
   pos("moe_intermediate_size", o.moe_intermediate_size);
   pos("n_routed_experts", o.n_routed_experts);
@@ -174,6 +201,25 @@ void check_options(const TinyModelOptions& o) {
 }
 
 }  // namespace
+
+TinyModelOptions deepseek_v3_widths() {
+  TinyModelOptions o;
+  o.hidden_size = 7168;
+  o.num_heads = 128;
+  o.q_lora_rank = 1536;
+  o.kv_lora_rank = 512;
+  o.qk_nope_head_dim = 128;
+  o.qk_rope_head_dim = 64;
+  o.v_head_dim = 128;
+  o.intermediate_size = 18432;
+  o.moe_intermediate_size = 2048;
+  o.n_routed_experts = 256;
+  o.num_experts_per_tok = 8;
+  o.n_group = 8;
+  o.topk_group = 4;
+  o.n_shared_experts = 1;
+  return o;
+}
 
 int64_t tiny_tokenizer_vocab_size() { return 256 + static_cast<int64_t>(tiny_merges().size()) + 2; }
 
@@ -315,7 +361,9 @@ void write_tiny_model(const std::string& dir, const TinyModelOptions& o) {
 
   // Every output tensor, in file order.
   std::vector<std::pair<std::string, Tensor>> tensors;
-  auto values = [&](const Weight& w) { return normal_values(o.seed, w.name, shape_numel(w.shape), o.init_std); };
+  auto values = [&](const Weight& w) {
+    return tiny_model_normal_values(o.seed, w.name, shape_numel(w.shape), o.init_std);
+  };
   const std::vector<Weight> ws = weights(o, c);
   for (const Weight& w : ws) {
     if (w.kind == Weight::kNorm) {
@@ -324,7 +372,7 @@ void write_tiny_model(const std::string& dir, const TinyModelOptions& o) {
     }
     if (w.kind == Weight::kBias) {
       // e_score_correction_bias: small, so it shifts expert choice without dominating the scores.
-      std::vector<float> v = normal_values(o.seed, w.name, shape_numel(w.shape), 0.05);
+      std::vector<float> v = tiny_model_normal_values(o.seed, w.name, shape_numel(w.shape), 0.05);
       Tensor t = Tensor::empty(w.shape, DType::kFP32);
       std::memcpy(t.data_ptr(), v.data(), v.size() * sizeof(float));
       tensors.emplace_back(w.name, t);

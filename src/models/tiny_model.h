@@ -46,6 +46,13 @@ struct TinyModelOptions {
   int num_shards = 2;
 };
 
+// DeepSeek-V3's own widths with the other options at their defaults (2 layers): hidden 7168, 128
+// heads, q / kv LoRA ranks 1536 / 512, head dims 128 + 64 (q, k) and 128 (v), dense MLP 18432,
+// 256 routed experts 2048 wide, 8 per token from 4 of 8 groups, 1 shared. For measuring at the
+// real per-layer shapes with a few layers (`locus make-tiny-model --shape deepseek-v3`; fewer
+// experts keep the per-token reads and shrink the file).
+TinyModelOptions deepseek_v3_widths();
+
 // The config.json the options produce (vocab_size = the tiny tokenizer's size).
 DeepseekV3Config tiny_model_config(const TinyModelOptions& opts);
 
@@ -62,6 +69,10 @@ std::vector<TinyTensorSpec> tiny_model_tensor_specs(const TinyModelOptions& opts
 // Error naming the path on I/O failure or invalid options (e.g. a dimension not a multiple of 16
 // with nvfp4).
 void write_tiny_model(const std::string& dir, const TinyModelOptions& opts);
+
+// The normal(0, std) values write_tiny_model draws for the tensor `name` (n of them): a function
+// of (seed, name) only, whatever the thread count, and a prefix of any longer draw for that name.
+std::vector<float> tiny_model_normal_values(uint64_t seed, const std::string& name, int64_t n, double std);
 
 // The tiny byte-level tokenizer files, as JSON text.
 std::string tiny_tokenizer_json();

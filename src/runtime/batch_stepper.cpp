@@ -10,6 +10,7 @@ struct BatchStepper::Sequence {
   uint64_t key;
   int64_t cache_id;
   int64_t max_new_tokens;
+  bool ignore_eos;
   Sampler sampler;
   std::function<void(int32_t)> on_token;
   std::vector<int32_t> next;  // the tokens of its next step: the prompt, then the last sampled one
@@ -29,8 +30,8 @@ uint64_t BatchStepper::add(const GenerationRequest& r, std::function<void(int32_
   LOCUS_CHECK(r.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", r.max_new_tokens);
   Sampler sampler(r.sampling);  // validates the parameters before the cache is taken
   const int64_t id = kv_.acquire(static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens);
-  seqs_.push_back(std::unique_ptr<Sequence>(
-      new Sequence{next_key_, id, r.max_new_tokens, std::move(sampler), std::move(on_token), r.prompt, false, {}}));
+  seqs_.push_back(std::unique_ptr<Sequence>(new Sequence{next_key_, id, r.max_new_tokens, r.ignore_eos,
+                                                         std::move(sampler), std::move(on_token), r.prompt, false, {}}));
   return next_key_++;
 }
 
@@ -62,7 +63,7 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
       s.next = {t};
       s.prefilled = true;
       if (s.on_token) s.on_token(t);
-      if (std::find(eos_.begin(), eos_.end(), t) != eos_.end()) s.result.finish_reason = "eos";
+      if (!s.ignore_eos && std::find(eos_.begin(), eos_.end(), t) != eos_.end()) s.result.finish_reason = "eos";
       else if (static_cast<int64_t>(s.result.tokens.size()) >= s.max_new_tokens) s.result.finish_reason = "length";
     }
   } catch (...) {

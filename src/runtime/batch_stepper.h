@@ -18,6 +18,7 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;  // token ids (at least one)
   int64_t max_new_tokens = 16;
   SamplingParams sampling;
+  bool ignore_eos = false;  // run to max_new_tokens whatever it samples (benchmarks: a fixed token count)
 };
 
 struct GenerationResult {

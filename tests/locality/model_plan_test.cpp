@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sys/wait.h>
 
@@ -90,6 +92,43 @@ TEST(ModelPlan, BadShapesAreNamed) {
   EXPECT_THROW(plan_deepseek_model(s, planner, bf16_except_nothing), Error);
 }
 
+// DeepSeek-V3 in BF16: a decode step reads every weight but the routed experts no token picked.
+// The sum is written out by layer here, apart from the plan's entries.
+TEST(ModelPlan, DecodeStepReadsTheWeightsOfThePickedExperts) {
+  Planner planner(LocalityDomainPolicy{}, cpu_topology(2, 2, "test"));
+  const DeepseekShapes s;
+  const auto plans = plan_deepseek_model(s, planner, bf16_except_nothing);
+  const double attention = 1536.0 * 7168 + 24576.0 * 1536 + 576.0 * 7168 + 2 * 128.0 * 128 * 512 + 7168.0 * 16384;
+  const double dense_mlp = 3.0 * 18432 * 7168;
+  const double expert = 3.0 * 2048 * 7168;
+  const double fixed = 61 * attention + 3 * dense_mlp + 58 * (256.0 * 7168 + expert) + 129280.0 * 7168;
+  auto expected = [&](double experts_read) { return 2 * (fixed + 58 * experts_read * expert); };
+  EXPECT_DOUBLE_EQ(decode_step_weight_bytes(plans, s, 1), expected(8));
+  // 8 tokens: each expert is left out by all of them with probability (1 - 8/256)^8.
+  EXPECT_NEAR(decode_step_weight_bytes(plans, s, 8), expected(256 * (1 - std::pow(31.0 / 32, 8))), 1.0);
+  EXPECT_NEAR(decode_step_weight_bytes(plans, s, 100000), expected(256), 1.0);  // every expert
+  const std::string text = format_decode_floor(plans, s, {1, 8}, 4000);
+  char line[200];
+  std::snprintf(line, sizeof line, "  batch 1: %.3f GiB per step; floor at 4000 GB/s: %.3f ms per step, %.1f tok/s\n",
+                expected(8) / (1 << 30), expected(8) / 4e12 * 1e3, 4e12 / expected(8));
+  EXPECT_NE(text.find(line), std::string::npos) << text << "\nwanted: " << line;
+  EXPECT_NE(text.find("  batch 8: "), std::string::npos) << text;
+  EXPECT_EQ(format_decode_floor(plans, s, {1}, 0).find("floor"), std::string::npos);  // no bandwidth, no floor
+  auto error_of = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of([&] { decode_step_weight_bytes(plans, s, 0); }), "decode batch must be positive, got 0");
+  DeepseekShapes too_many;
+  too_many.experts_per_token = 257;
+  EXPECT_EQ(error_of([&] { plan_deepseek_model(too_many, planner, bf16_except_nothing); }),
+            "model shape experts_per_token must be in [1, experts=256], got 257");
+}
+
 // ---- `locus plan` --------------------------------------------------------------------------
 
 struct Result {
@@ -137,6 +176,18 @@ TEST(PlanCommand, DefaultIsOffAndFlagsChangeShapes) {
                          "  partitioned 3 x [0,688) [688,1376) [1376,2048)"),
             std::string::npos)
       << ops.out;
+}
+
+TEST(PlanCommand, PrintsTheDecodeStepReadsAndFloor) {
+  Result r = run_locus("--quant nvfp4 --decode-batch 1,32 --bandwidth-gbs 4000 --experts-per-token 4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("decode step weight reads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  batch 1: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  batch 32: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("floor at 4000 GB/s"), std::string::npos) << r.out;
+  Result bad = run_locus("--decode-batch 0");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("--decode-batch"), std::string::npos) << bad.out;
 }
 
 TEST(PlanCommand, BadValuesFailWithAMessage) {

@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/float_convert.h"
@@ -191,6 +193,46 @@ TEST(TinyModel, MoreLayersAndBadOptions) {
   expect_error([&] { tiny_model_config(bad); }, {"num_layers must be positive"});
 }
 
+// The init values come from several threads for large tensors: each draw is a prefix of any
+// longer one, whichever thread computed each value (the chunk bounds differ between the sizes).
+TEST(TinyModel, InitValuesDoNotDependOnTheThreads) {
+  const std::string name = "model.layers.0.mlp.experts.3.up_proj.weight";
+  const std::vector<float> longer = tiny_model_normal_values(7, name, 6000001, 0.02);
+  for (const int64_t n : {int64_t{11}, int64_t{2200003}, int64_t{4100000}}) {
+    const std::vector<float> v = tiny_model_normal_values(7, name, n, 0.02);
+    ASSERT_EQ(static_cast<int64_t>(v.size()), n);
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), longer.begin())) << n;
+  }
+  double sum = 0, sum_sq = 0;
+  for (float x : longer) sum += x, sum_sq += static_cast<double>(x) * x;
+  EXPECT_NEAR(sum / longer.size(), 0.0, 1e-4);
+  EXPECT_NEAR(std::sqrt(sum_sq / longer.size()), 0.02, 1e-4);
+  EXPECT_NE(tiny_model_normal_values(8, name, 4, 0.02), std::vector<float>(longer.begin(), longer.begin() + 4));
+}
+
+// DeepSeek-V3's own widths: the tensors of a layer have the real model's shapes.
+TEST(TinyModel, DeepSeekV3Widths) {
+  const TinyModelOptions o = deepseek_v3_widths();
+  const DeepseekV3Config c = tiny_model_config(o);
+  EXPECT_EQ(c.hidden_size, 7168);
+  EXPECT_EQ(c.num_attention_heads, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.n_group, 8);
+  EXPECT_EQ(c.topk_group, 4);
+  std::map<std::string, Shape> shape;
+  for (const TinyTensorSpec& s : tiny_model_tensor_specs(o)) shape[s.name] = s.shape;
+  const std::string p = "model.layers.1.";
+  EXPECT_EQ(shape[p + "self_attn.q_a_proj.weight"], (Shape{1536, 7168}));
+  EXPECT_EQ(shape[p + "self_attn.q_b_proj.weight"], (Shape{24576, 1536}));
+  EXPECT_EQ(shape[p + "self_attn.kv_a_proj_with_mqa.weight"], (Shape{576, 7168}));
+  EXPECT_EQ(shape[p + "self_attn.kv_b_proj.weight"], (Shape{32768, 512}));
+  EXPECT_EQ(shape[p + "self_attn.o_proj.weight"], (Shape{7168, 16384}));
+  EXPECT_EQ(shape["model.layers.0.mlp.gate_proj.weight"], (Shape{18432, 7168}));
+  EXPECT_EQ(shape[p + "mlp.gate.weight"], (Shape{256, 7168}));
+  EXPECT_EQ(shape[p + "mlp.experts.255.down_proj.weight"], (Shape{7168, 2048}));
+  EXPECT_EQ(shape[p + "mlp.shared_experts.up_proj.weight"], (Shape{2048, 7168}));
+}
+
 }  // namespace
 }  // namespace locus::models
 
@@ -218,6 +260,28 @@ TEST(TinyModel, MakeTinyModelCommand) {
   EXPECT_NE(std::system(bad.c_str()), 0);
   EXPECT_NE(locus::testing::read_file(out).find("hidden_size=40 is not a multiple of 16"), std::string::npos)
       << locus::testing::read_file(out);
+
+  // Every width has a flag; each overrides its field of the --shape it starts from.
+  const std::string widths = locus::testing::locus_binary() + " make-tiny-model " + d.file("w") +
+                             " --shape tiny --q-lora-rank 64 --kv-lora-rank 32 --qk-nope-head-dim 16"
+                             " --qk-rope-head-dim 8 --v-head-dim 24 --shared-experts 2 --experts-per-token 3"
+                             " --n-group 4 --topk-group 2 > " + out + " 2>&1";
+  ASSERT_EQ(std::system(widths.c_str()), 0) << locus::testing::read_file(out);
+  const DeepseekV3Config c = load_deepseek_v3_config(d.file("w"));
+  EXPECT_EQ(c.q_lora_rank, 64);
+  EXPECT_EQ(c.kv_lora_rank, 32);
+  EXPECT_EQ(c.qk_nope_head_dim, 16);
+  EXPECT_EQ(c.qk_rope_head_dim, 8);
+  EXPECT_EQ(c.v_head_dim, 24);
+  EXPECT_EQ(c.n_shared_experts, 2);
+  EXPECT_EQ(c.num_experts_per_tok, 3);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_EQ(c.hidden_size, 256);  // the tiny shape's
+  const std::string shape = locus::testing::locus_binary() + " make-tiny-model " + d.file("s") + " --shape huge > " +
+                            out + " 2>&1";
+  EXPECT_NE(std::system(shape.c_str()), 0);
+  EXPECT_NE(locus::testing::read_file(out).find("--shape"), std::string::npos) << locus::testing::read_file(out);
 }
 
 }  // namespace

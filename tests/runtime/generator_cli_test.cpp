@@ -40,6 +40,11 @@ TEST(GenerateCli, GeneratesAndReportsTokensPerSecond) {
   if (m[2] == "length") EXPECT_EQ(m[1], "4") << r.out;
   else EXPECT_EQ(m[2], "eos") << r.out;
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+  // --ignore-eos: every sequence runs to its token limit (the fixed count a timing run needs).
+  r = run("generate --model " + dir + " --prompt a --prompt 'b c' --max-new-tokens 40 --ignore-eos --quiet");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("decode 78 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("finished: length,length"), std::string::npos) << r.out;
   // A batch of prompts with sampling and locality domains on.
   r = run("generate --model " + dir +
           " --prompt a --prompt 'b c' --max-new-tokens 3 --temperature 0.7 --top-k 5 --top-p 0.9 --seed 4"

@@ -73,6 +73,13 @@ TEST(Generator, StopsAtEosAndStreamsEveryToken) {
   EXPECT_EQ(res[0].tokens.back(), stop);
   EXPECT_LE(res[0].tokens.size(), 3u);
   EXPECT_EQ(streamed, res[0].tokens);
+
+  // ignore_eos: the same tokens as the free run, all six, past the pretend eos.
+  runtime::GenerationRequest past{prompt, 6, {}};
+  past.ignore_eos = true;
+  auto full = g.generate({past});
+  EXPECT_EQ(full[0].finish_reason, "length");
+  EXPECT_EQ(full[0].tokens, free_run[0].tokens);
 }
 
 TEST(Generator, BudgetAndRequestErrorsComeBeforeComputeAndReleaseCaches) {

@@ -1,8 +1,9 @@
 // `locus generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
 //   [--temperature T --top-k K --top-p P] [--seed S] [every LlmArgs flag]`:
-// tokenizes the prompts, runs them as one batch (prefill, then decode until eos or N tokens),
-// streams the text of a single prompt to stdout as it is generated (several prompts: each
-// completion is printed when done) and prints prompt / decode tokens per second to stderr.
+// tokenizes the prompts, runs them as one batch (prefill, then decode until eos or N tokens;
+// with --ignore-eos, N tokens), streams the text of a single prompt to stdout as it is generated
+// (several prompts: each completion is printed when done) and prints prompt / decode tokens per
+// second to stderr.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,7 @@ struct GenerateOptions {
   int64_t top_k = 0;
   double top_p = 1.0;
   bool no_bos = false;
+  bool ignore_eos = false;
   bool quiet = false;
 };
 
@@ -45,6 +47,7 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
     LOCUS_CHECK(!r.prompt.empty(), "generate: prompt \"", p, "\" encodes to no tokens");
     r.max_new_tokens = o.max_new_tokens;
     r.sampling = sp;
+    r.ignore_eos = o.ignore_eos;
     reqs.push_back(r);
   }
   Generator& gen = *stack->generator;
@@ -92,6 +95,9 @@ LOCUS_REGISTER_COMMAND("generate", "generate text from one or more prompts (a ba
                          app.add_option("--top-k", o->top_k, "0 = no limit")->capture_default_str();
                          app.add_option("--top-p", o->top_p, "nucleus mass in (0, 1]")->capture_default_str();
                          app.add_flag("--no-bos", o->no_bos, "do not prepend the tokenizer's bos token");
+                         app.add_flag("--ignore-eos", o->ignore_eos,
+                                      "generate --max-new-tokens tokens per prompt even past an end-of-sequence "
+                                      "token (for timing)");
                          app.add_flag("--quiet", o->quiet, "no progress bar or load notes");
                          return [=] { return run_generate(*cli, *o); };
                        });

@@ -28,6 +28,8 @@ struct PlanOptions {
   std::vector<std::string> excludes;
   std::vector<std::string> allowed_ops;  // empty: the policy's default (all)
   bool no_excludes = false;
+  std::vector<int64_t> decode_batches{1};
+  double bandwidth_gbs = 0;  // 0: not given
 };
 
 struct ShapeFlag {
@@ -47,6 +49,7 @@ const ShapeFlag kShapeFlags[] = {
     {"--qk-rope", &locus::locality::DeepseekShapes::qk_rope, "qk_rope_head_dim"},
     {"--v-head", &locus::locality::DeepseekShapes::v_head, "v_head_dim"},
     {"--experts", &locus::locality::DeepseekShapes::experts, "routed experts (0: no MoE)"},
+    {"--experts-per-token", &locus::locality::DeepseekShapes::experts_per_token, "routed experts per token (top-k)"},
     {"--shared-experts", &locus::locality::DeepseekShapes::shared_experts, "shared experts"},
     {"--vocab", &locus::locality::DeepseekShapes::vocab, "vocabulary size (lm_head rows)"},
     {"--layers", &locus::locality::DeepseekShapes::layers, "decoder layers"},
@@ -65,6 +68,7 @@ locus::locality::DeepseekShapes shapes_from_config(const locus::models::Deepseek
   s.qk_rope = c.qk_rope_head_dim;
   s.v_head = c.v_head_dim;
   s.experts = c.n_routed_experts;
+  s.experts_per_token = c.num_experts_per_tok;
   s.shared_experts = c.n_shared_experts;
   s.vocab = c.vocab_size;
   s.layers = c.num_hidden_layers;
@@ -112,7 +116,8 @@ int run_plan(const PlanOptions& opt, const std::vector<CLI::Option*>& shape_opts
   }
   const locus::locality::Planner planner(policy, topo);
   const auto plans = locus::locality::plan_deepseek_model(shapes, planner, quant_of);
-  std::cout << locus::locality::format_model_plan(plans, planner);
+  std::cout << locus::locality::format_model_plan(plans, planner) << "\n"
+            << locus::locality::format_decode_floor(plans, shapes, opt.decode_batches, opt.bandwidth_gbs);
   return 0;
 }
 
@@ -137,6 +142,13 @@ std::function<int()> setup_plan(CLI::App& app) {
   app.add_option("--allowed-ops", opt->allowed_ops,
                  "op kinds that may be partitioned, comma separated (bf16_linear, nvfp4_linear, bf16_bmm, bf16_moe, nvfp4_moe)")
       ->delimiter(',');
+  app.add_option("--decode-batch", opt->decode_batches, "batch sizes for the decode-step weight reads, comma separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--bandwidth-gbs", opt->bandwidth_gbs,
+                 "memory bandwidth in GB/s: also print the decode floor (step time and tok/s at that rate)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--device", opt->device, "device whose topology to use")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (from the repository root, binaries from tools/gpu/package.sh): the model
+# end to end at DeepSeek-V3's own widths, against its decode floor. The tiny model is launch-bound
+# and says nothing of the kernels; this one reads about 2-3 GB of weights per token.
+#   1. the device's copy bandwidth (cuda_gemm_bench --copy-bandwidth, bytes read + written);
+#   2. `locus make-tiny-model --shape deepseek-v3` with LAYERS layers (the first dense) and EXPERTS
+#      routed experts (8 per token, as V3; fewer experts than V3's 256 keep the files a few GB and
+#      the per-token reads the same), BF16 and NVFP4;
+#   3. `locus plan --decode-batch 1,8 --bandwidth-gbs BW`: the weight bytes a decode step reads and
+#      the floor, the tokens/s that reading them at the copy bandwidth allows;
+#   4. `locus generate --backend cuda --ignore-eos` at batch 1 and 8, locality domains off and on:
+#      decode tokens/s and floor / measured (DESIGN.md section 7: within 1.5x of the floor);
+#   5. logits CUDA vs CPU at these widths (LD off, and LD on vs off).
+# BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
+# (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
+# usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/locus-e2e-floor}"
+mkdir -p "$OUT"
+BACKEND="${BACKEND:-cuda}"
+source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
+source tools/gpu/tiny_model_env.sh  # set_ld_flags
+layers=3; experts=32; tokens=32; formats="bf16 nvfp4"
+while (($#)); do
+  case "$1" in
+    --layers) layers="$2"; shift ;;
+    --experts) experts="$2"; shift ;;
+    --tokens) tokens="$2"; shift ;;
+    --formats) formats="$2"; shift ;;
+    *) echo "unknown argument $1"; exit 2 ;;
+  esac
+  shift
+done
+LOG="$OUT/e2e_floor.log"; : > "$LOG"
+TABLE="$OUT/e2e_floor.md"
+rc=0
+
+bw="${BW_GBS:-}"
+if [[ -z "$bw" ]]; then
+  bw=$(timeout 120 "$CARRY/cuda_gemm_bench" --copy-bandwidth 2>>"$LOG" | tee -a "$LOG" |
+       sed -n 's/.*copy bandwidth \([0-9]*\) GB\/s.*/\1/p')
+  [[ -n "$bw" ]] || { echo "no copy bandwidth (see $LOG)"; exit 1; }
+fi
+
+prompts1=(--prompt "Locality domains split a GPU")
+prompts8=("${prompts1[@]}" --prompt "abc" --prompt "DeepSeek" --prompt "x" --prompt "the weights of a layer"
+          --prompt "MLA attention" --prompt "experts" --prompt "one two three four")
+{
+  echo "Device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) ($BACKEND backend);" \
+       "copy bandwidth $bw GB/s; $(date -u '+%Y-%m-%d %H:%M UTC')."
+  echo "Model: DeepSeek-V3 widths, $layers layers (1 dense), $experts routed experts (8 per token) + 1 shared;" \
+       "$tokens new tokens per sequence (--ignore-eos)."
+  echo
+  echo "| format | LD | batch | weights per step GiB | floor tok/s | decode tok/s | floor / measured |"
+  echo "|---|---|---|---|---|---|---|"
+} > "$TABLE"
+
+MODELS="$(mktemp -d)"  # not under $OUT: the checkpoints need not come back
+for fmt in $formats; do
+  dir="$MODELS/$fmt"
+  fmt_flag=(); [[ $fmt == nvfp4 ]] && fmt_flag=(--nvfp4)
+  start=$(date +%s)
+  timeout 600 "$CARRY/locus" make-tiny-model "$dir" --shape deepseek-v3 --layers "$layers" --experts "$experts" \
+    --seed 1 "${fmt_flag[@]}" >> "$LOG" 2>&1 || { echo "make-tiny-model $fmt FAILED (see $LOG)"; rc=1; continue; }
+  echo "$fmt model written in $(($(date +%s) - start)) s: $(tail -1 "$LOG")"
+  plan=$("$CARRY/locus" plan --model "$dir" --decode-batch 1,8 --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
+  echo "$plan" >> "$LOG"
+  for ld in off on; do
+    set_ld_flags "$ld"
+    for batch in 1 8; do
+      # "  batch 8: 2.178 GiB per step; floor at 4197 GB/s: 0.557 ms per step, 14357.2 tok/s"
+      line=$(grep "^  batch $batch:" <<< "$plan")
+      gib=$(sed -E 's/.*: ([0-9.]+) GiB per step.*/\1/' <<< "$line")
+      floor=$(sed -E 's/.* ([0-9.]+) tok\/s$/\1/' <<< "$line")
+      prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
+      echo "== generate $fmt LD $ld batch $batch" >> "$LOG"
+      timeout 300 "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" --max-new-tokens "$tokens" \
+        --ignore-eos --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
+      g_rc=$?
+      cat "$OUT/generate.out" >> "$LOG"
+      # "locus: 8 sequences, ...; decode 248 tokens in 0.255 s (972.5 tok/s); finished: ..."
+      tps=$(sed -n -E 's/^locus: .*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' "$OUT/generate.out")
+      if [[ $g_rc -ne 0 || -z "$tps" ]]; then
+        echo "generate $fmt LD $ld batch $batch: FAILED (see $LOG)"; rc=1; continue
+      fi
+      ratio=$(awk -v f="$floor" -v t="$tps" 'BEGIN { printf "%.2f", f / t }')
+      echo "| $fmt | $ld | $batch | $gib | $floor | $tps | $ratio |" >> "$TABLE"
+      echo "generate $fmt LD $ld batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
+    done
+  done
+  [[ $BACKEND == cuda ]] || continue
+  ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
+  for run in "cpu off" "cuda off" "cuda on"; do
+    set -- $run
+    set_ld_flags "$2"
+    timeout 300 "$CARRY/locus" logits --model "$dir" --backend "$1" "${ids[@]}" --quiet \
+      --out "$OUT/logits_${fmt}_$1_$2.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 || { echo "logits $fmt $1 LD $2: FAILED"; rc=1; }
+  done
+  for pair in "cuda_off cpu_off" "cuda_on cuda_off"; do
+    set -- $pair
+    res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$1.bin" "$OUT/logits_${fmt}_$2.bin" \
+          --label "logits $fmt ${1/_/ LD } vs ${2/_/ LD }" 2>&1) || rc=1
+    echo "$res" | tee -a "$TABLE"
+  done
+  rm -rf "$dir"
+done
+rm -rf "$MODELS"
+echo "==== $TABLE"
+cat "$TABLE"
+exit "$rc"
