@@ -97,6 +97,7 @@ struct OpenAiServer::Impl {
     job.generation.max_new_tokens =
         job.api.max_tokens.value_or(endpoint == Endpoint::kCompletions ? std::min<int64_t>(16, room) : room);
     job.generation.sampling = job.api.sampling;
+    job.generation.ignore_eos = job.api.ignore_eos;
     if (!job.api.seeded) job.generation.sampling.seed = model.seed + n;
     try {
       job.generation.sampling.validate();

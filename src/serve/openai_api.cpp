@@ -182,6 +182,7 @@ ApiRequest parse_request(const std::string& body, Endpoint endpoint) {
     if (const json* u = field(*v, "include_usage")) r.include_usage = boolean(*u, "stream_options.include_usage");
   }
   if (const json* v = field(j, "stop")) r.stop = stop_strings(*v);
+  if (const json* v = field(j, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
   return r;
 }
 

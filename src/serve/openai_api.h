@@ -47,6 +47,8 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
   std::vector<std::string> stop;      // up to 4 strings that end the text (not included)
+  bool ignore_eos = false;            // run to max_tokens past end-of-sequence tokens (an extension
+                                      // other engines share, for benchmark clients)
 };
 
 // The request body `body` for `endpoint`. Throws ApiError(400) naming the field for invalid JSON,

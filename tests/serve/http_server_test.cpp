@@ -107,6 +107,18 @@ TEST_F(ServerFixture, StreamedChatGivesTheSameTextAsTheWholeResponse) {
   EXPECT_EQ(finish, w["choices"][0]["finish_reason"]);
   EXPECT_EQ(usage_tokens, w["usage"]["completion_tokens"]);
 }
+// ignore_eos (the benchmark clients' extension): every completion runs to max_tokens, past any
+// eos the tiny model picks (the generator's tests pin the mechanism with a chosen eos).
+TEST_F(ServerFixture, IgnoreEosRunsToMaxTokens) {
+  for (const char* p : {"a", "DeepSeek", "xyz", "the GPU"}) {
+    auto [status, body] = post("/v1/completions", json{{"model", "tiny"}, {"prompt", p}, {"max_tokens", 24},
+                                                       {"temperature", 0}, {"ignore_eos", true}}.dump());
+    ASSERT_EQ(status, 200) << body;
+    const json j = json::parse(body);
+    EXPECT_EQ(j["usage"]["completion_tokens"], 24) << body;
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << body;
+  }
+}
 
 // Concurrent requests all complete, each with its own prompt. (Their tokens depend on which
 // requests shared their steps, so they are not compared with solo runs here; BatchingEngine's

@@ -27,10 +27,12 @@ TEST(OpenAiApi, ParsesACompletionRequestWithOpenAiDefaults) {
   EXPECT_EQ(r.sampling.top_p, 1.0);
   EXPECT_FALSE(r.seeded);
   EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.ignore_eos);
 
   const ApiRequest s = parse_request(
       R"({"model": "m", "prompt": ["one"], "max_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3,
-          "seed": 42, "stream": true, "stream_options": {"include_usage": true}, "stop": ["a", "bc"]})",
+          "seed": 42, "stream": true, "stream_options": {"include_usage": true}, "stop": ["a", "bc"],
+          "ignore_eos": true})",
       Endpoint::kCompletions);
   EXPECT_EQ(s.prompt, "one");
   EXPECT_EQ(*s.max_tokens, 7);
@@ -40,6 +42,7 @@ TEST(OpenAiApi, ParsesACompletionRequestWithOpenAiDefaults) {
   EXPECT_EQ(s.sampling.seed, 42u);
   EXPECT_TRUE(s.seeded && s.stream && s.include_usage);
   EXPECT_EQ(s.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(s.ignore_eos);
 }
 
 TEST(OpenAiApi, ParsesChatMessagesWithTextParts) {
@@ -72,6 +75,7 @@ TEST(OpenAiApi, EveryBadFieldIsNamed) {
       {R"({"model": "m", "prompt": "x", "top_p": 0})", Endpoint::kCompletions, "top_p", "(0, 1]"},
       {R"({"model": "m", "prompt": "x", "seed": "s"})", Endpoint::kCompletions, "seed", "integer"},
       {R"({"model": "m", "prompt": "x", "stream": 1})", Endpoint::kCompletions, "stream", "boolean"},
+      {R"({"model": "m", "prompt": "x", "ignore_eos": "yes"})", Endpoint::kCompletions, "ignore_eos", "boolean"},
       {R"({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})", Endpoint::kCompletions, "stop", "at most 4"},
       {R"({"model": "m", "prompt": "x", "stop": [""]})", Endpoint::kCompletions, "stop", "empty"},
       {R"({"model": "m", "prompt": "x", "n": 2})", Endpoint::kCompletions, "n", "not supported"},
