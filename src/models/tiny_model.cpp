@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -190,7 +192,7 @@ void check_options(const TinyModelOptions& o) {
   pos("intermediate_size", o.intermediate_size);
   pos("moe_intermediate_size", o.moe_intermediate_size);
   pos("n_routed_experts", o.n_routed_experts);
-  pos("num_shards", o.num_shards);
+  LOCUS_CHECK(o.num_shards >= 0, "tiny model: num_shards must be 0 (automatic) or positive, got ", o.num_shards);
   LOCUS_CHECK(o.init_std > 0 && std::isfinite(o.init_std), "tiny model: init_std must be positive, got ", o.init_std);
   if (o.nvfp4) {
     for (auto [n, v] : {std::pair{"hidden_size", o.hidden_size}, std::pair{"intermediate_size", o.intermediate_size},
@@ -353,74 +355,119 @@ std::string tiny_tokenizer_config_json() {
   return j.dump(2);
 }
 
+namespace {
+
+// Every output tensor of weight `w`, in file order: its BF16 matrix, norm or fp32 bias; with
+// NVFP4, the four ModelOpt tensors.
+std::vector<std::pair<std::string, Tensor>> materialize(const Weight& w, const TinyModelOptions& o) {
+  auto values = [&](const Weight& x) {
+    return tiny_model_normal_values(o.seed, x.name, shape_numel(x.shape), o.init_std);
+  };
+  if (w.kind == Weight::kNorm)
+    return {{w.name, bf16_tensor(w.shape, std::vector<float>(static_cast<size_t>(shape_numel(w.shape)), 1.f))}};
+  if (w.kind == Weight::kBias) {
+    // e_score_correction_bias: small, so it shifts expert choice without dominating the scores.
+    std::vector<float> v = tiny_model_normal_values(o.seed, w.name, shape_numel(w.shape), 0.05);
+    Tensor t = Tensor::empty(w.shape, DType::kFP32);
+    std::memcpy(t.data_ptr(), v.data(), v.size() * sizeof(float));
+    return {{w.name, t}};
+  }
+  Tensor bf = bf16_tensor(w.shape, values(w));
+  if (!w.quantize) return {{w.name, bf}};
+  // gate and up share one weight_scale_2 (the larger one), as ModelOpt's DeepSeek export does.
+  float global = ops::nvfp4_global_scale_for(bf);
+  if (!w.scale_partner.empty()) {
+    const Weight partner{w.scale_partner, w.shape};
+    global = std::max(global, ops::nvfp4_global_scale_for(bf16_tensor(w.shape, values(partner))));
+  }
+  ops::Nvfp4Weight q = ops::nvfp4_quantize(bf, global);
+  const std::string m = module_of(w.name);
+  // A nominal static activation scale (amax 4 / (6 * 448)); weight-only execution ignores it.
+  return {{w.name, q.packed},
+          {m + ".weight_scale", q.scales},
+          {m + ".weight_scale_2", f32_scalar(q.global_scale)},
+          {m + ".input_scale", f32_scalar(4.0f / 2688.0f)}};
+}
+
+uint64_t spec_bytes(const TinyTensorSpec& t) {
+  return static_cast<uint64_t>(shape_numel(t.shape)) * static_cast<uint64_t>(dtype_size(t.dtype));
+}
+
+std::string gb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GB", static_cast<double>(bytes) * 1e-9);
+  return buf;
+}
+
+// The free bytes where `dir` is or would be created (its nearest existing ancestor); none known:
+// the largest value, so that the check passes and the write itself reports a full disk.
+uint64_t free_bytes_at(fs::path dir) {
+  std::error_code ec;
+  dir = fs::absolute(dir, ec);
+  while (!dir.empty() && !fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir)
+    dir = dir.parent_path();
+  const fs::space_info room = fs::space(dir, ec);
+  return ec ? UINT64_MAX : room.available;
+}
+
+}  // namespace
+
+int tiny_model_shards(const TinyModelOptions& o) {
+  if (o.num_shards > 0) return o.num_shards;
+  uint64_t total = 0;
+  for (const TinyTensorSpec& t : tiny_model_tensor_specs(o)) total += spec_bytes(t);
+  return static_cast<int>(std::max<uint64_t>(2, (total + kTinyModelShardBytes - 1) / kTinyModelShardBytes));
+}
+
 void write_tiny_model(const std::string& dir, const TinyModelOptions& o) {
   const DeepseekV3Config c = tiny_model_config(o);
+  // The file's tensors, their sizes and shards (of about equal bytes, in order) come from the
+  // specs, so that each shard's tensors are drawn, written and let go before the next one's:
+  // memory holds one shard, not the checkpoint.
+  const std::vector<TinyTensorSpec> specs = tiny_model_tensor_specs(o);
+  uint64_t total = 0;
+  for (const TinyTensorSpec& t : specs) total += spec_bytes(t);
+  const uint64_t free = free_bytes_at(dir);
+  LOCUS_CHECK(free >= total + (64 << 20), "the checkpoint needs ", gb(total), " but '", dir, "' has ", gb(free),
+              " free (fewer layers or experts make it smaller)");
   std::error_code ec;
   fs::create_directories(dir, ec);
   LOCUS_CHECK(fs::is_directory(dir), "cannot create model directory '", dir, "'", ec ? ": " + ec.message() : "");
-
-  // Every output tensor, in file order.
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  auto values = [&](const Weight& w) {
-    return tiny_model_normal_values(o.seed, w.name, shape_numel(w.shape), o.init_std);
-  };
-  const std::vector<Weight> ws = weights(o, c);
-  for (const Weight& w : ws) {
-    if (w.kind == Weight::kNorm) {
-      tensors.emplace_back(w.name, bf16_tensor(w.shape, std::vector<float>(static_cast<size_t>(shape_numel(w.shape)), 1.f)));
-      continue;
-    }
-    if (w.kind == Weight::kBias) {
-      // e_score_correction_bias: small, so it shifts expert choice without dominating the scores.
-      std::vector<float> v = tiny_model_normal_values(o.seed, w.name, shape_numel(w.shape), 0.05);
-      Tensor t = Tensor::empty(w.shape, DType::kFP32);
-      std::memcpy(t.data_ptr(), v.data(), v.size() * sizeof(float));
-      tensors.emplace_back(w.name, t);
-      continue;
-    }
-    Tensor bf = bf16_tensor(w.shape, values(w));
-    if (!w.quantize) {
-      tensors.emplace_back(w.name, bf);
-      continue;
-    }
-    // gate and up share one weight_scale_2 (the larger one), as ModelOpt's DeepSeek export does.
-    float global = ops::nvfp4_global_scale_for(bf);
-    if (!w.scale_partner.empty()) {
-      const Weight partner{w.scale_partner, w.shape};
-      global = std::max(global, ops::nvfp4_global_scale_for(bf16_tensor(w.shape, values(partner))));
-    }
-    ops::Nvfp4Weight q = ops::nvfp4_quantize(bf, global);
-    const std::string m = module_of(w.name);
-    tensors.emplace_back(w.name, q.packed);
-    tensors.emplace_back(m + ".weight_scale", q.scales);
-    tensors.emplace_back(m + ".weight_scale_2", f32_scalar(q.global_scale));
-    // A nominal static activation scale (amax 4 / (6 * 448)); weight-only execution ignores it.
-    tensors.emplace_back(m + ".input_scale", f32_scalar(4.0f / 2688.0f));
-  }
-
-  // Shards of about equal bytes, in order.
-  uint64_t total = 0;
-  for (const auto& [n, t] : tensors) total += t.nbytes();
-  const int shards = o.num_shards;
-  std::vector<runtime::SafetensorsWriter> writers(static_cast<size_t>(shards));
-  ordered_json weight_map = ordered_json::object();
+  const int shards = tiny_model_shards(o);
   auto shard_name = [&](int s) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", s + 1, shards);
     return std::string(buf);
   };
+  std::vector<int> shard_of;
   uint64_t acc = 0;
-  for (const auto& [n, t] : tensors) {
-    int s = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(shards - 1), acc * shards / std::max<uint64_t>(total, 1)));
-    acc += t.nbytes();
-    const char* as = t.dtype() == DType::kFP4E2M1x2 ? "U8" : "";
-    writers[s].add(n, t, as);
-    weight_map[n] = shard_name(s);
+  for (const TinyTensorSpec& t : specs) {
+    shard_of.push_back(static_cast<int>(
+        std::min<uint64_t>(static_cast<uint64_t>(shards - 1), acc * shards / std::max<uint64_t>(total, 1))));
+    acc += spec_bytes(t);
   }
-  for (int s = 0; s < shards; ++s) {
-    writers[s].set_metadata("format", "pt");
-    writers[s].write((fs::path(dir) / shard_name(s)).string());
+
+  ordered_json weight_map = ordered_json::object();
+  runtime::SafetensorsWriter writer;
+  int shard = 0;
+  auto write_shard = [&] {
+    writer.set_metadata("format", "pt");
+    writer.write((fs::path(dir) / shard_name(shard)).string());
+    writer = runtime::SafetensorsWriter();
+    ++shard;
+  };
+  size_t i = 0;
+  for (const Weight& w : weights(o, c)) {
+    for (const auto& [name, t] : materialize(w, o)) {
+      LOCUS_CHECK(i < specs.size() && specs[i].name == name && spec_bytes(specs[i]) == t.nbytes(),
+                  "tiny model: tensor ", name, " does not match its spec");  // a bug, not an input error
+      while (shard < shard_of[i]) write_shard();
+      writer.add(name, t, t.dtype() == DType::kFP4E2M1x2 ? "U8" : "");
+      weight_map[name] = shard_name(shard_of[i]);
+      ++i;
+    }
   }
+  while (shard < shards) write_shard();
   ordered_json index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weight_map;

@@ -43,8 +43,16 @@ struct TinyModelOptions {
   int64_t n_shared_experts = 1;
   int64_t max_position_embeddings = 2048;
   double init_std = 0.02;
-  int num_shards = 2;
+  int num_shards = 0;  // safetensors files; 0: tiny_model_shards's choice
 };
+
+// Shards of at most about this many bytes when the count is left to tiny_model_shards.
+constexpr uint64_t kTinyModelShardBytes = uint64_t{4} << 30;
+
+// The safetensors file count write_tiny_model uses: num_shards, or where that is 0, 2 (the tiny
+// model's) or as many as keep each file near kTinyModelShardBytes, whichever is more. The writer
+// holds one shard in memory at a time.
+int tiny_model_shards(const TinyModelOptions& opts);
 
 // DeepSeek-V3's own widths with the other options at their defaults (2 layers): hidden 7168, 128
 // heads, q / kv LoRA ranks 1536 / 512, head dims 128 + 64 (q, k) and 128 (v), dense MLP 18432,
@@ -65,9 +73,9 @@ struct TinyTensorSpec {
 // Every tensor name/dtype/shape the checkpoint for `opts` holds, in file order (what tests check).
 std::vector<TinyTensorSpec> tiny_model_tensor_specs(const TinyModelOptions& opts);
 
-// Writes the directory (created if needed; existing files of the same names are overwritten).
-// Error naming the path on I/O failure or invalid options (e.g. a dimension not a multiple of 16
-// with nvfp4).
+// Writes the directory (created if needed; existing files of the same names are overwritten),
+// one shard at a time. Error naming the path on I/O failure or too little free disk space, or
+// naming the option for invalid options (e.g. a dimension not a multiple of 16 with nvfp4).
 void write_tiny_model(const std::string& dir, const TinyModelOptions& opts);
 
 // The normal(0, std) values write_tiny_model draws for the tensor `name` (n of them): a function

@@ -210,6 +210,32 @@ TEST(TinyModel, InitValuesDoNotDependOnTheThreads) {
   EXPECT_NE(tiny_model_normal_values(8, name, 4, 0.02), std::vector<float>(longer.begin(), longer.begin() + 4));
 }
 
+// A checkpoint larger than the disk's free space is refused before anything is written (here
+// about 13.5 PB: no disk has it), and the shard count follows the size when left open.
+TEST(TinyModel, TooLargeForTheDiskIsAClearErrorAndShardsFollowTheSize) {
+  TempDir d;
+  TinyModelOptions huge;
+  huge.hidden_size = int64_t{1} << 20;
+  huge.intermediate_size = int64_t{1} << 31;
+  const std::string dir = d.file("never/made");
+  expect_error([&] { write_tiny_model(dir, huge); }, {"the checkpoint needs 13510816.2 GB", "never/made", "free"});
+  EXPECT_FALSE(std::filesystem::exists(d.file("never")));
+  EXPECT_EQ(tiny_model_shards(TinyModelOptions{}), 2);
+  // Its dense MLP's 3 x 2^51 bf16 elements fill 3 x 2^20 files of 4 GiB; the rest (about 16 GiB:
+  // 12 of experts, 1.5 shared, 2.5 of attention, embedding and lm_head) 5 more.
+  EXPECT_EQ(tiny_model_shards(huge), 3 * (1 << 20) + 5);
+  TinyModelOptions three;
+  three.num_shards = 3;
+  EXPECT_EQ(tiny_model_shards(three), 3);
+  TinyModelOptions v3 = deepseek_v3_widths();
+  v3.n_routed_experts = 32;  // 2 layers: 1.2 GB dense + 1.1 GB attention + 2.9 GB of experts
+  EXPECT_EQ(tiny_model_shards(v3), 2);
+  v3.num_layers = 3;
+  EXPECT_EQ(tiny_model_shards(v3), 2);
+  v3.n_routed_experts = 256;  // 2 x 22.5 GB of experts: 47.2 GB, 44.0 GiB
+  EXPECT_EQ(tiny_model_shards(v3), 11);
+}
+
 // DeepSeek-V3's own widths: the tensors of a layer have the real model's shapes.
 TEST(TinyModel, DeepSeekV3Widths) {
   const TinyModelOptions o = deepseek_v3_widths();

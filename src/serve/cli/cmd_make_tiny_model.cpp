@@ -57,7 +57,7 @@ std::function<int()> setup_make_tiny_model(CLI::App& app) {
       ->check(CLI::IsMember({"tiny", "deepseek-v3"}));
   app.add_flag("--nvfp4", o->nvfp4, "ModelOpt NVFP4 MLP and expert linears");
   app.add_option("--seed", o->seed, "random seed (same seed, same files)");
-  app.add_option("--shards", o->shards, "safetensors shards");
+  app.add_option("--shards", o->shards, "safetensors files (0: 2, or about 4 GiB each when larger)");
   for (const WidthFlag& f : kWidthFlags) app.add_option(f.flag, o->widths[f.flag], f.help);
   return [o, &app] {
     TinyModelOptions m = o->shape == "deepseek-v3" ? locus::models::deepseek_v3_widths()
