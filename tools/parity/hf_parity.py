@@ -9,6 +9,7 @@ one table row per prompt x backend x LD setting with the relative error
 below the tolerance (2e-2 by default, DESIGN.md section 7), 1 when one is not, 2 on a setup error.
 
   python3 tools/parity/hf_parity.py --locus build/locus [--backends cpu,cuda] [--domains 2]
+                                    [--widths tiny|deepseek-v3 --layers L --experts E]
 
 `--self-test` skips HF (no torch needed): it writes the tiny model with `locus make-tiny-model`
 and checks that the Locus side runs, that its dump parses and that LD off and on agree.
@@ -108,23 +109,37 @@ def make_prompts(vocab, seed):
     return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
 
 
-def build_hf_model(model_dir, seed, device):
+# The widths of the model HF builds: "tiny" is shaped like `locus make-tiny-model`
+# (models/tiny_model.h); "deepseek-v3" has DeepSeek-V3's own (7168 hidden, 128 heads, LoRA ranks
+# 1536 / 512, head dims 128 + 64 and 128, MLP 18432, experts 2048 wide, 8 per token from 4 of 8
+# groups), where --layers and --experts keep it small enough to build and run.
+WIDTHS = {
+    "tiny": dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                 q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32),
+    "deepseek-v3": dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                        num_attention_heads=128, num_key_value_heads=128, n_routed_experts=256,
+                        num_experts_per_tok=8, n_group=8, topk_group=4, q_lora_rank=1536, kv_lora_rank=512,
+                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+}
+
+
+def build_hf_model(model_dir, seed, device, widths="tiny", layers=3, experts=0):
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(seed)
-    # Shaped like `locus make-tiny-model` (models/tiny_model.h), with 3 layers (1 dense + 2 MoE),
-    # grouped routing, q_lora and YaRN as in DeepSeek-V3.
+    # `layers` layers (1 dense + the rest MoE), grouped routing, q_lora and YaRN as in DeepSeek-V3.
+    w = dict(WIDTHS[widths])
+    if experts:
+        w["n_routed_experts"] = experts
     cfg = DeepseekV3Config(
-        vocab_size=512, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
-        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=1,
-        routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=128, kv_lora_rank=64,
-        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, max_position_embeddings=163840,
+        vocab_size=512, num_hidden_layers=layers, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=163840,
         rope_interleave=True, tie_word_embeddings=False, initializer_range=0.02,
         rope_scaling={"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                       "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
-        bos_token_id=0, eos_token_id=1)
+        bos_token_id=0, eos_token_id=1, **w)
     model = DeepseekV3ForCausalLM(cfg)
     try:  # eager attention: the plain softmax(QK^T)V of the model file
         model.set_attn_implementation("eager")
@@ -240,6 +255,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per locus run")
     ap.add_argument("--self-test", action="store_true", help="check the Locus side only (no torch)")
+    ap.add_argument("--widths", choices=sorted(WIDTHS), default="tiny", help="the HF model's widths")
+    ap.add_argument("--layers", type=int, default=3, help="decoder layers (the first dense)")
+    ap.add_argument("--experts", type=int, default=0, help="routed experts (0: the widths' own count)")
     args = ap.parse_args()
 
     if not os.access(args.locus, os.X_OK):
@@ -262,7 +280,7 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, HF on {device}; "
           f"locus backends {backends}; LD on = {args.domains} emulated domains; checkpoint {model_dir}")
     try:
-        model, cfg = build_hf_model(model_dir, args.seed, device)
+        model, cfg = build_hf_model(model_dir, args.seed, device, args.widths, args.layers, args.experts)
         names = saved_tensor_names(model_dir)
         fused = any(n.endswith("mlp.experts.gate_up_proj") for n in names)
         print(f"saved {len(names)} tensors; experts stored {'fused (mlp.experts.gate_up_proj)' if fused else 'per expert'}")
