@@ -574,6 +574,12 @@ void Linear::forward(const Tensor& x, const Tensor& y, const Stream& stream) con
   }
 }
 
+const ops::Nvfp4Weight* Linear::nvfp4_whole() const {
+  if (!is_nvfp4(cfg_) || partitioned() || bias_.defined() || nv_.empty()) return nullptr;
+  if (is_fused(cfg_) && (per_half_ || unfused_split_)) return nullptr;
+  return &nv_[0];
+}
+
 void Linear::forward_unfused(const Tensor& x, const Tensor& y, const Stream& stream) const {
   check_forward_ready("forward_unfused");
   LOCUS_CHECK(is_fused(cfg_), "Linear '", name(), "': forward_unfused() needs a FUSED_GATE_UP weight");

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "ops/norm.h"
+#include "ops/nvfp4_row_blocks.h"
 #include "ops/partitioned.h"
 
 namespace locus::modules {
@@ -366,10 +367,26 @@ void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, con
     ops::run_partitioned(stream, streams, [&](int p) {
       for (int64_t e : active) down_[e]->forward_partition(p, rows_of(hg, e), rows_of(og, e), streams[p]);
     });
-  } else {
+  } else if (!run_nvfp4_row_blocks(xg, offsets, active, hg, og, stream)) {
     for (int64_t e : active) gate_up_[e]->forward(rows_of(xg, e), rows_of(hg, e), stream);
     for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
   }
+}
+
+bool MoE::run_nvfp4_row_blocks(const Tensor& xg, const std::vector<int64_t>& offsets,
+                               const std::vector<int64_t>& active, const Tensor& hg, const Tensor& og,
+                               const Stream& stream) const {
+  std::vector<ops::Nvfp4RowBlock> gate_up, down;
+  for (int64_t e : active) {
+    const ops::Nvfp4Weight* gu = gate_up_[e]->nvfp4_whole();
+    const ops::Nvfp4Weight* dn = down_[e]->nvfp4_whole();
+    if (gu == nullptr || dn == nullptr) return false;
+    gate_up.push_back({gu, offsets[e], offsets[e + 1] - offsets[e]});
+    down.push_back({dn, offsets[e], offsets[e + 1] - offsets[e]});
+  }
+  ops::nvfp4_gemm_row_blocks(xg, gate_up, hg, true, stream);
+  ops::nvfp4_gemm_row_blocks(hg, down, og, false, stream);
+  return true;
 }
 
 }  // namespace locus::modules

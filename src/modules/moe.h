@@ -108,6 +108,11 @@ class MoE : public Module {
   // offsets are host values (E + 1 of them).
   void run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,
                    const Stream& stream) const;
+  // Unpartitioned NVFP4 experts: the `active` experts' rows through two ops, gate/up + SwiGLU and
+  // down (ops::nvfp4_gemm_row_blocks; on CUDA, experts with equal row counts may share a launch).
+  // False, with nothing run, where an expert's linears are not single NVFP4 weights.
+  bool run_nvfp4_row_blocks(const Tensor& xg, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
+                            const Tensor& hg, const Tensor& og, const Stream& stream) const;
 
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;

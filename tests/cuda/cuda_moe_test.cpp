@@ -516,31 +516,50 @@ TEST_F(CudaMoe, Bf16ExpertsWithSharedExpertsMatchCpuLdOffAndOn) {
   compare(c, w.per_expert(), w, seed + 100);
 }
 
-TEST_F(CudaMoe, Nvfp4ExpertsWithSharedExpertsMatchCpuLdOffAndOn) {
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(seed);
-  const MoeConfig c = config(locality::QuantKind::kNVFP4);
-  const MoeWeights w(c, seed, 1.0 / 16, 1.0 / 16);
+// NVFP4 checkpoint pieces of `w`: gate and up with one global scale (as ModelOpt's DeepSeek export
+// writes them: the fused weight takes one launch) or, with up_scale_factor != 1, the up halves
+// with a global scale of their own (the per-half-scale path).
+modules::WeightMap nvfp4_moe_pieces(const MoeConfig& c, const MoeWeights& w, float up_scale_factor) {
   modules::WeightMap pieces{{"gate.weight", w.gate}, {"gate.e_score_correction_bias", w.bias}};
-  // The up halves get a global scale of their own (the per-half-scale path).
-  auto add = [&](const std::string& prefix, const Tensor& t, float scale_factor) {
-    const ops::Nvfp4Weight base = ops::nvfp4_quantize(t);
-    const ops::Nvfp4Weight q = scale_factor == 1.f ? base : ops::nvfp4_quantize(t, base.global_scale * scale_factor);
+  auto add = [&](const std::string& prefix, const Tensor& t, float global) {
+    const ops::Nvfp4Weight q = ops::nvfp4_quantize(t, global);
     pieces[prefix + "weight"] = q.packed;
     pieces[prefix + "weight_scale"] = q.scales;
     Tensor s = Tensor::empty({}, DType::kFP32);
     s.data<float>()[0] = q.global_scale;
     pieces[prefix + "weight_scale_2"] = s;
   };
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    add(str("experts.", e, ".gate_proj."), w.g[e], 1.f);
-    add(str("experts.", e, ".up_proj."), w.u[e], 1.5f);
-    add(str("experts.", e, ".down_proj."), w.d[e], 1.f);
-  }
-  add("shared_experts.gate_proj.", w.sg, 1.f);
-  add("shared_experts.up_proj.", w.su, 1.5f);
-  add("shared_experts.down_proj.", w.sd, 1.f);
-  compare(c, pieces, w, seed + 100);
+  auto add_mlp = [&](const std::string& prefix, const Tensor& g, const Tensor& u, const Tensor& d) {
+    const float gs = ops::nvfp4_global_scale_for(g), us = ops::nvfp4_global_scale_for(u);
+    const float shared = std::max(gs, us);
+    add(prefix + "gate_proj.", g, up_scale_factor == 1.f ? shared : gs);
+    add(prefix + "up_proj.", u, up_scale_factor == 1.f ? shared : us * up_scale_factor);
+    add(prefix + "down_proj.", d, ops::nvfp4_global_scale_for(d));
+  };
+  for (int64_t e = 0; e < c.num_experts; ++e) add_mlp(str("experts.", e, "."), w.g[e], w.u[e], w.d[e]);
+  add_mlp("shared_experts.", w.sg, w.su, w.sd);
+  return pieces;
+}
+
+TEST_F(CudaMoe, Nvfp4ExpertsWithSharedExpertsMatchCpuLdOffAndOn) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const MoeConfig c = config(locality::QuantKind::kNVFP4);
+  const MoeWeights w(c, seed, 1.0 / 16, 1.0 / 16);
+  compare(c, nvfp4_moe_pieces(c, w, 1.5f), w, seed + 100);
+}
+
+// Fused gate/up weights (one global scale) with the experts' row-block launches on: experts with
+// equal row counts share launches of the streaming kernel (ops::nvfp4_gemm_row_blocks).
+TEST_F(CudaMoe, Nvfp4ExpertsSharingLaunchesMatchCpu) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const MoeConfig c = config(locality::QuantKind::kNVFP4);
+  const MoeWeights w(c, seed, 1.0 / 16, 1.0 / 16);
+  const bool was = cuda::nvfp4_row_block_launches();
+  cuda::set_nvfp4_row_block_launches(true);
+  compare(c, nvfp4_moe_pieces(c, w, 1.f), w, seed + 100);
+  cuda::set_nvfp4_row_block_launches(was);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // NVFP4 weight-only GEMM (our kernel) against an fp64 dequantized reference.
 #include <gtest/gtest.h>
 
+#include "backends/cuda/stream_gemm.h"
 #include "cuda_test_util.h"
+#include "ops/nvfp4_row_blocks.h"
 
 namespace locus {
 namespace {
@@ -81,6 +83,57 @@ TEST(CudaNvfp4, OutputSliceAndInPlaceReload) {
   slice.fill_nan_();
   cuda::nvfp4_gemm(xg, wg, {}, slice, nullptr);
   EXPECT_LT(rel_error(fetch(slice), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
+}
+
+// Row blocks (a MoE's experts on their rows): with shared launches on, blocks of one row count
+// run as parts of one streaming launch; each block's rows match fp64, rows outside every block
+// keep their poison, and the launches are counted.
+TEST(CudaNvfp4, RowBlocksShareLaunchesAndMatchFp64) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t K = 512, N = 128;
+  // Row counts: nine of 1 (a launch of 8 parts, then one alone), two of 2 (one launch), one of 3
+  // (alone), an empty block, and row 0 in no block.
+  const std::vector<int64_t> counts = {1, 1, 0, 2, 1, 3, 2, 1, 1, 1, 1, 1, 1};
+  const bool was = cuda::nvfp4_row_block_launches();
+  for (const bool swiglu : {false, true}) {
+    SCOPED_TRACE(swiglu ? "swiglu" : "plain");
+    std::vector<ops::Nvfp4Weight> host, dev;
+    std::vector<ops::Nvfp4RowBlock> blocks;
+    int64_t row = 1;
+    for (size_t b = 0; b < counts.size(); ++b) {
+      host.push_back(random_nvfp4(swiglu ? 2 * N : N, K, seed + 10 + b));
+      dev.push_back(cuda::nvfp4_prepare(host.back(), 0, -1));
+      blocks.push_back({nullptr, row, counts[b]});
+      row += counts[b];
+    }
+    for (size_t b = 0; b < counts.size(); ++b) blocks[b].w = &dev[b];
+    const int64_t R = row;
+    const Tensor x = randn({R, K}, DType::kBF16, seed + 1);
+    const Tensor xg = to_gpu(x);
+    for (const bool shared : {true, false}) {
+      SCOPED_TRACE(shared ? "shared launches" : "one launch per block");
+      cuda::set_nvfp4_row_block_launches(shared);
+      // SwiGLU's outputs in bf16 (as the MoE writes them), the plain products in fp32.
+      Tensor y = poisoned_gpu({R, N}, swiglu ? DType::kBF16 : DType::kFP32);
+      const uint64_t before = cuda::detail::stream_gemm_feed_launches(0);
+      ops::nvfp4_gemm_row_blocks(xg, blocks, y, swiglu);
+      EXPECT_EQ(cuda::detail::stream_gemm_feed_launches(0) - before, shared ? 4u : 12u);
+      const Tensor out = fetch(y);
+      for (int64_t c = 0; c < N; ++c) EXPECT_TRUE(std::isnan(get(out, c))) << "row 0 is in no block";
+      for (size_t b = 0; b < counts.size(); ++b) {
+        if (counts[b] == 0) continue;
+        const int64_t r0 = blocks[b].row0, m = counts[b];
+        const Tensor xb = x.slice(0, r0, r0 + m);
+        std::vector<double> ref = ref_gemm_dense(xb, dequant_ref(host[b]), swiglu ? 2 * N : N);
+        if (swiglu) ref = ref_swiglu(ref, m, N);
+        EXPECT_LT(rel_error(out.slice(0, r0, r0 + m), ref), swiglu ? bf16_gemm_tolerance(K) : fp32_out_gemm_tolerance(K))
+            << "block " << b;
+      }
+    }
+  }
+  cuda::set_nvfp4_row_block_launches(was);
 }
 
 // The modules' reload copies `packed` and `scales` of a freshly prepared weight into the old

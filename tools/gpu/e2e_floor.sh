@@ -8,9 +8,10 @@
 #      the per-token reads the same), BF16 and NVFP4;
 #   3. `locus plan --decode-batch 1,8 --bandwidth-gbs BW`: the weight bytes a decode step reads and
 #      the floor, the tokens/s that reading them at the copy bandwidth allows;
-#   4. `locus generate --backend cuda --ignore-eos` at batch 1 and 8, locality domains off and on:
-#      decode tokens/s and floor / measured (DESIGN.md section 7: within 1.5x of the floor);
-#   5. logits CUDA vs CPU at these widths (LD off, and LD on vs off).
+#   4. `locus generate --backend cuda --ignore-eos` at batch 1 and 8, locality domains off and on
+#      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1): decode tokens/s and floor / measured
+#      (DESIGN.md section 7: within 1.5x of the floor);
+#   5. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
 # BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
 # usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"]
@@ -66,7 +67,12 @@ for fmt in $formats; do
   echo "$fmt model written in $(($(date +%s) - start)) s: $(tail -1 "$LOG")"
   plan=$("$CARRY/locus" plan --model "$dir" --decode-batch 1,8 --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
   echo "$plan" >> "$LOG"
-  for ld in off on; do
+  # Runs: "label|LD|environment". NVFP4 also with the experts' row-block launches
+  # (LOCUS_NVFP4_ROW_BLOCKS=1: experts with equal row counts share a launch; off by default).
+  runs=("off|off|" "on|on|")
+  [[ $fmt == nvfp4 ]] && runs+=("off, row blocks|off|LOCUS_NVFP4_ROW_BLOCKS=1")
+  for run in "${runs[@]}"; do
+    IFS='|' read -r label ld envs <<< "$run"
     set_ld_flags "$ld"
     for batch in 1 8; do
       # "  batch 8: 2.178 GiB per step; floor at 4197 GB/s: 0.557 ms per step, 14357.2 tok/s"
@@ -74,33 +80,38 @@ for fmt in $formats; do
       gib=$(sed -E 's/.*: ([0-9.]+) GiB per step.*/\1/' <<< "$line")
       floor=$(sed -E 's/.* ([0-9.]+) tok\/s$/\1/' <<< "$line")
       prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
-      echo "== generate $fmt LD $ld batch $batch" >> "$LOG"
-      timeout 300 "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" --max-new-tokens "$tokens" \
-        --ignore-eos --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
+      echo "== generate $fmt LD $label batch $batch" >> "$LOG"
+      timeout 300 env $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" \
+        --max-new-tokens "$tokens" --ignore-eos --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
       g_rc=$?
       cat "$OUT/generate.out" >> "$LOG"
       # "locus: 8 sequences, ...; decode 248 tokens in 0.255 s (972.5 tok/s); finished: ..."
       tps=$(sed -n -E 's/^locus: .*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' "$OUT/generate.out")
       if [[ $g_rc -ne 0 || -z "$tps" ]]; then
-        echo "generate $fmt LD $ld batch $batch: FAILED (see $LOG)"; rc=1; continue
+        echo "generate $fmt LD $label batch $batch: FAILED (see $LOG)"; rc=1; continue
       fi
       ratio=$(awk -v f="$floor" -v t="$tps" 'BEGIN { printf "%.2f", f / t }')
-      echo "| $fmt | $ld | $batch | $gib | $floor | $tps | $ratio |" >> "$TABLE"
-      echo "generate $fmt LD $ld batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
+      echo "| $fmt | $label | $batch | $gib | $floor | $tps | $ratio |" >> "$TABLE"
+      echo "generate $fmt LD $label batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
     done
   done
   [[ $BACKEND == cuda ]] || continue
   ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
-  for run in "cpu off" "cuda off" "cuda on"; do
-    set -- $run
-    set_ld_flags "$2"
-    timeout 300 "$CARRY/locus" logits --model "$dir" --backend "$1" "${ids[@]}" --quiet \
-      --out "$OUT/logits_${fmt}_$1_$2.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 || { echo "logits $fmt $1 LD $2: FAILED"; rc=1; }
+  logit_runs=("cpu off off" "cuda off off" "cuda on on")
+  [[ $fmt == nvfp4 ]] && logit_runs+=("cuda off off_rb LOCUS_NVFP4_ROW_BLOCKS=1")
+  for run in "${logit_runs[@]}"; do
+    read -r backend ld tag envs <<< "$run"
+    set_ld_flags "$ld"
+    timeout 300 env $envs "$CARRY/locus" logits --model "$dir" --backend "$backend" "${ids[@]}" --quiet \
+      --out "$OUT/logits_${fmt}_${backend}_$tag.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 ||
+      { echo "logits $fmt $backend $tag: FAILED"; rc=1; }
   done
-  for pair in "cuda_off cpu_off" "cuda_on cuda_off"; do
-    set -- $pair
-    res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$1.bin" "$OUT/logits_${fmt}_$2.bin" \
-          --label "logits $fmt ${1/_/ LD } vs ${2/_/ LD }" 2>&1) || rc=1
+  pairs=("cuda_off cpu_off" "cuda_on cuda_off")
+  [[ $fmt == nvfp4 ]] && pairs+=("cuda_off_rb cpu_off")
+  for pair in "${pairs[@]}"; do
+    read -r a b <<< "$pair"
+    res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$a.bin" "$OUT/logits_${fmt}_$b.bin" \
+          --label "logits $fmt $a vs $b" 2>&1) || rc=1
     echo "$res" | tee -a "$TABLE"
   done
   rm -rf "$dir"

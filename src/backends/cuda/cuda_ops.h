@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/nvfp4.h"
+#include "ops/nvfp4_row_blocks.h"
 
 namespace locus::cuda {
 
@@ -90,6 +91,16 @@ bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shard
 // a 16-row tile.
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                         const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller);
+// ops::nvfp4_gemm_row_blocks's shared launches: blocks of one row count (at most 32, below the
+// wgmma kernel's range) go to the streaming kernel together, up to kStreamGemmMaxParts weights
+// per launch, each weight with its own activation and output rows. Returns the blocks with rows
+// that it did not launch (a row count no other block has, a weight it does not take), for the
+// caller to run one by one. While nvfp4_row_block_launches() is false it launches nothing: off
+// by default until it has run on a GPU; LOCUS_NVFP4_ROW_BLOCKS=1 or the setter turns it on.
+std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
+                                          const Tensor& y, bool swiglu, void* stream);
+bool nvfp4_row_block_launches();
+void set_nvfp4_row_block_launches(bool on);
 
 // Fork/join across streams with events (capture-safe: stream events, never green-context events).
 // fork: every stream in `targets` waits for the work queued so far on `origin`.

@@ -2,6 +2,9 @@
 // skinny path and the single-launch locality-domain path of the partitioned ops.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
+#include <map>
 #include <string>
 
 #include "backends/cuda/cuda_check.h"
@@ -153,7 +156,72 @@ bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, boo
   return true;
 }
 
+// 1 on, 0 off, -1 not yet read from LOCUS_NVFP4_ROW_BLOCKS (off unless "1").
+std::atomic<int> g_row_block_launches{-1};
+
+// Whether `w` is a prepared weight the streaming kernel takes for x [.., K] -> y [.., N].
+bool row_block_weight_fits(const ops::Nvfp4Weight& w, const Tensor& x, const Tensor& y, bool swiglu) {
+  return w.layout == ops::Nvfp4Layout::kCudaTiled && w.k == x.size(1) && (swiglu ? w.n / 2 : w.n) == y.size(1) &&
+         (!swiglu || w.n % 2 == 0);
+}
+
+// One launch for the blocks `ids` (all with `m` rows): part j is block ids[j]'s weight, reading
+// its rows of x and writing its rows of y. False, with nothing launched, where the kernel does
+// not take them.
+bool launch_row_blocks_together(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
+                                const std::vector<size_t>& ids, int64_t m, const Tensor& y, bool swiglu, void* stream) {
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x.slice(0, 0, m), y.slice(0, 0, m), swiglu, Tensor());
+  a.num_parts = static_cast<int32_t>(ids.size());
+  for (size_t j = 0; j < ids.size(); ++j) {
+    const ops::Nvfp4RowBlock& b = blocks[ids[j]];
+    StreamGemmPart& p = a.parts[j];
+    if (!nvfp4_part(*b.w, swiglu, Tensor(), 0, 0, &p)) return false;
+    p.x = x.data<uint16_t>() + b.row0 * x.stride(0);
+    p.y_offset = b.row0 * y.stride(0);  // its row 0 (the kernel adds row * y_ld + column)
+  }
+  return launch_if_eligible(a, {}, false, x.device().index, stream);
+}
+
 }  // namespace
+
+bool nvfp4_row_block_launches() {
+  int on = g_row_block_launches.load();
+  if (on < 0) {
+    on = detail::env_int("LOCUS_NVFP4_ROW_BLOCKS", 0) == 1 ? 1 : 0;
+    g_row_block_launches.store(on);
+  }
+  return on == 1;
+}
+
+void set_nvfp4_row_block_launches(bool on) { g_row_block_launches.store(on ? 1 : 0); }
+
+std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
+                                          const Tensor& y, bool swiglu, void* stream) {
+  std::vector<size_t> each;                         // for the caller, one by one
+  std::map<int64_t, std::vector<size_t>> by_rows;  // candidates for a shared launch, by row count
+  // Operands the per-block ops would refuse go to them, for their errors.
+  const bool operands_ok = x.device().is_cuda() && y.device() == x.device() && x.dtype() == DType::kBF16 &&
+                           x.stride(1) == 1 && y.stride(1) == 1 &&
+                           (y.dtype() == DType::kBF16 || y.dtype() == DType::kFP32);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const ops::Nvfp4RowBlock& b = blocks[i];
+    if (b.rows == 0) continue;
+    const bool together = nvfp4_row_block_launches() && operands_ok && b.rows <= detail::kStreamGemmMaxM &&
+                          !detail::nvfp4_use_wgmma(b.rows, x.size(1)) && row_block_weight_fits(*b.w, x, y, swiglu);
+    (together ? by_rows[b.rows] : each).push_back(i);
+  }
+  for (const auto& [m, ids] : by_rows) {
+    for (size_t i0 = 0; i0 < ids.size(); i0 += detail::kStreamGemmMaxParts) {
+      const std::vector<size_t> launch(ids.begin() + static_cast<std::ptrdiff_t>(i0),
+                                       ids.begin() + static_cast<std::ptrdiff_t>(
+                                                         std::min(ids.size(), i0 + detail::kStreamGemmMaxParts)));
+      // One block alone gains nothing from sharing: the ordinary op runs it.
+      if (launch.size() < 2 || !launch_row_blocks_together(x, blocks, launch, m, y, swiglu, stream))
+        each.insert(each.end(), launch.begin(), launch.end());
+    }
+  }
+  return each;
+}
 
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }
 
