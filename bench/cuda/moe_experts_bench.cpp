@@ -1,0 +1,145 @@
+// Device benchmark of one MoE layer's routed-expert GEMMs at DeepSeek-V3's widths (NVFP4, hidden
+// 7168, experts 2048 wide, 8 of E per token), run as MoE::forward runs them unpartitioned: each
+// active expert's gate/up + SwiGLU, then its down projection, on the rows routed to it
+// (ops::nvfp4_gemm_row_blocks). Each call draws its own uniform routing (fixed seed), so calls
+// touch other experts, and a call's weights (8 experts: 198 MB at T = 1) exceed the L2.
+// Columns (us per layer stage, the median over replays of a graph of R calls, graphs interleaved):
+//   each     one launch per expert and projection (row-block launches off, the default);
+//   shared   experts with equal row counts share launches (LOCUS_NVFP4_ROW_BLOCKS=1);
+//   floor    the active experts' weight bytes at the measured device copy bandwidth.
+// usage: cuda_moe_experts_bench [--tokens T1,T2,..] [--experts E]
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/stream_gemm.h"
+#include "graph_timing.h"
+#include "nvfp4_bench_weights.h"
+#include "ops/nvfp4_row_blocks.h"
+
+using namespace locus;
+using namespace locus::bench;
+
+namespace {
+
+constexpr int64_t kHidden = 7168, kInter = 2048, kTopK = 8;
+constexpr int kCalls = 8;  // routings (calls) per graph
+
+// One call: the blocks of a routing of T tokens (8 distinct experts each) over `experts`.
+struct Routing {
+  std::vector<ops::Nvfp4RowBlock> gate_up, down;
+  int64_t active = 0;
+  double weight_bytes = 0;
+};
+
+Routing route(int64_t tokens, int64_t experts, std::mt19937_64& rng, const std::vector<ops::Nvfp4Weight>& gate_up,
+              const std::vector<ops::Nvfp4Weight>& down) {
+  std::vector<int64_t> count(static_cast<size_t>(experts), 0), ids(static_cast<size_t>(experts));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < kTopK; ++j) {  // a partial shuffle: 8 distinct experts
+      std::uniform_int_distribution<int64_t> pick(j, experts - 1);
+      std::swap(ids[static_cast<size_t>(j)], ids[static_cast<size_t>(pick(rng))]);
+      ++count[static_cast<size_t>(ids[static_cast<size_t>(j)])];
+    }
+  }
+  Routing r;
+  int64_t row = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t n = count[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    r.gate_up.push_back({&gate_up[static_cast<size_t>(e)], row, n});
+    r.down.push_back({&down[static_cast<size_t>(e)], row, n});
+    r.weight_bytes += static_cast<double>(gate_up[static_cast<size_t>(e)].packed.nbytes() +
+                                          gate_up[static_cast<size_t>(e)].scales.nbytes() +
+                                          down[static_cast<size_t>(e)].packed.nbytes() +
+                                          down[static_cast<size_t>(e)].scales.nbytes());
+    ++r.active;
+    row += n;
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> token_counts = {1, 4, 8, 16};
+  int64_t experts = 256;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--tokens" && i + 1 < argc) {
+      if (!parse_m_list(argv[++i], 64, &token_counts)) return 2;
+    } else if (a == "--experts" && i + 1 < argc) {
+      experts = std::atoll(argv[++i]);
+      if (experts < kTopK) {
+        std::fprintf(stderr, "--experts must be at least %lld\n", static_cast<long long>(kTopK));
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_moe_experts_bench [--tokens T1,T2,..] [--experts E]\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (!cuda::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double bw = copy_bandwidth(s);
+  std::printf("NVFP4 routed experts of one MoE layer: hidden %lld, experts %lld wide, %lld of %lld per token; "
+              "copy bandwidth %.0f GB/s\n\n",
+              static_cast<long long>(kHidden), static_cast<long long>(kInter), static_cast<long long>(kTopK),
+              static_cast<long long>(experts), bw * 1e-9);
+
+  std::mt19937_64 rng(42);
+  std::vector<ops::Nvfp4Weight> gate_up, down;
+  for (int64_t e = 0; e < experts; ++e) {
+    gate_up.push_back(cuda::nvfp4_prepare(random_fp4_host(2 * kInter, kHidden, rng), 0, -1));
+    down.push_back(cuda::nvfp4_prepare(random_fp4_host(kHidden, kInter, rng), 0, -1));
+  }
+  const Device dev = Device::cuda(0);
+  std::printf("| tokens | active experts (mean) | launches each / shared | each us | shared us | each / shared | "
+              "floor us | shared / floor |\n|---|---|---|---|---|---|---|---|\n");
+  for (const int64_t tokens : token_counts) {
+    const int64_t rows = tokens * kTopK;
+    Tensor x = Tensor::empty({rows, kHidden}, DType::kBF16, dev), h = Tensor::empty({rows, kInter}, DType::kBF16, dev);
+    Tensor y = Tensor::empty({rows, kHidden}, DType::kFP32, dev);
+    fill_random_bf16(x, rng);
+    std::vector<Routing> calls;
+    double active = 0, bytes = 0;
+    for (int c = 0; c < kCalls; ++c) {
+      calls.push_back(route(tokens, experts, rng, gate_up, down));
+      active += static_cast<double>(calls.back().active) / kCalls;
+      bytes += calls.back().weight_bytes / kCalls;
+    }
+    auto stage = [&](int c) {
+      ops::nvfp4_gemm_row_blocks(x, calls[static_cast<size_t>(c)].gate_up, h, true, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(h, calls[static_cast<size_t>(c)].down, y, false, Stream{dev, s});
+    };
+    uint64_t launches[2];
+    double t[2];
+    InterleavedTimer timer(s);
+    for (const int shared : {0, 1}) {
+      cuda::set_nvfp4_row_block_launches(shared == 1);
+      const uint64_t before = cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);
+      stage(0);
+      launches[shared] = cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1) - before;
+      timer.add(&t[shared], kCalls, stage);
+    }
+    timer.run(20);
+    const double floor = bytes / bw;
+    std::printf("| %lld | %.1f | %llu / %llu | %.1f | %.1f | %.2f | %.1f | %.2f |\n", static_cast<long long>(tokens),
+                active, static_cast<unsigned long long>(launches[0]), static_cast<unsigned long long>(launches[1]),
+                t[0] * 1e6, t[1] * 1e6, t[0] / t[1], floor * 1e6, t[1] / floor);
+  }
+  cuda::set_nvfp4_row_block_launches(false);
+  std::printf("\n(launches: of call 0's stage, streaming kernel only; each = one per expert and projection)\n");
+  return 0;
+}
