@@ -5,11 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/device_hooks.h"
+#include "core/error.h"
 #include "core/float_convert.h"
 #include "core/tensor.h"
 
@@ -26,6 +28,16 @@ inline std::string locus_binary() {
 
 // A fresh seed per call so inputs differ between runs of a test unless LOCUS_TEST_SEED is set;
 // the seed is printed on failure through the returned value (log it with SCOPED_TRACE).
+// The message of the locus::Error that fn throws, or "(no error)".
+inline std::string error_text(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 inline uint64_t fresh_seed() {
   static uint64_t base = [] {
     if (const char* s = std::getenv("LOCUS_TEST_SEED")) return static_cast<uint64_t>(std::strtoull(s, nullptr, 10));

@@ -205,21 +205,22 @@ void check_options(const TinyModelOptions& o) {
 }  // namespace
 
 TinyModelOptions deepseek_v3_widths() {
+  const DeepseekV3Config v3;  // its defaults are DeepSeek-V3's (transformers' DeepseekV3Config)
   TinyModelOptions o;
-  o.hidden_size = 7168;
-  o.num_heads = 128;
-  o.q_lora_rank = 1536;
-  o.kv_lora_rank = 512;
-  o.qk_nope_head_dim = 128;
-  o.qk_rope_head_dim = 64;
-  o.v_head_dim = 128;
-  o.intermediate_size = 18432;
-  o.moe_intermediate_size = 2048;
-  o.n_routed_experts = 256;
-  o.num_experts_per_tok = 8;
-  o.n_group = 8;
-  o.topk_group = 4;
-  o.n_shared_experts = 1;
+  o.hidden_size = v3.hidden_size;
+  o.num_heads = v3.num_attention_heads;
+  o.q_lora_rank = *v3.q_lora_rank;
+  o.kv_lora_rank = v3.kv_lora_rank;
+  o.qk_nope_head_dim = v3.qk_nope_head_dim;
+  o.qk_rope_head_dim = v3.qk_rope_head_dim;
+  o.v_head_dim = v3.v_head_dim;
+  o.intermediate_size = v3.intermediate_size;
+  o.moe_intermediate_size = v3.moe_intermediate_size;
+  o.n_routed_experts = v3.n_routed_experts;
+  o.num_experts_per_tok = v3.num_experts_per_tok;
+  o.n_group = v3.n_group;
+  o.topk_group = v3.topk_group;
+  o.n_shared_experts = v3.n_shared_experts;
   return o;
 }
 

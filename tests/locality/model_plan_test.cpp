@@ -114,18 +114,10 @@ TEST(ModelPlan, DecodeStepReadsTheWeightsOfThePickedExperts) {
   EXPECT_NE(text.find(line), std::string::npos) << text << "\nwanted: " << line;
   EXPECT_NE(text.find("  batch 8: "), std::string::npos) << text;
   EXPECT_EQ(format_decode_floor(plans, s, {1}, 0).find("floor"), std::string::npos);  // no bandwidth, no floor
-  auto error_of = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_EQ(error_of([&] { decode_step_weight_bytes(plans, s, 0); }), "decode batch must be positive, got 0");
+  EXPECT_EQ(testing::error_text([&] { decode_step_weight_bytes(plans, s, 0); }), "decode batch must be positive, got 0");
   DeepseekShapes too_many;
   too_many.experts_per_token = 257;
-  EXPECT_EQ(error_of([&] { plan_deepseek_model(too_many, planner, bf16_except_nothing); }),
+  EXPECT_EQ(testing::error_text([&] { plan_deepseek_model(too_many, planner, bf16_except_nothing); }),
             "model shape experts_per_token must be in [1, experts=256], got 257");
 }
 

@@ -189,14 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Domains, PartitionedOps, ::testing::Values(1, 2, 3, 4),
 
 // ---- validation ----------------------------------------------------------------------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using locus::testing::error_text;
 
 TEST(PartitionedOpsValidation, SlicesMustTileTheOutputInOrder) {
   LocalityRuntime rt(cpu_topology(2, 2, "test"));
@@ -207,7 +200,7 @@ TEST(PartitionedOpsValidation, SlicesMustTileTheOutputInOrder) {
     return std::vector<Tensor>{Tensor::zeros({r0, 16}, DType::kBF16), Tensor::zeros({r1, 16}, DType::kBF16)};
   };
   auto run = [&](std::vector<ops::PartitionSlice> slices, std::vector<Tensor> sh) {
-    return error_of([&] { ops::gemm_partitioned(x, sh, Tensor(), y, slices); });
+    return error_text([&] { ops::gemm_partitioned(x, sh, Tensor(), y, slices); });
   };
   EXPECT_EQ(run({{0, 32, s0}, {40, 64, s1}}, shards(32, 24)),
             "gemm_partitioned: partition 1 starts at column 40 but partition 0 ended at 32 (slices must tile [0, 64) in order)");
@@ -221,12 +214,12 @@ TEST(PartitionedOpsValidation, SlicesMustTileTheOutputInOrder) {
   EXPECT_EQ(run({{0, 32, s0}}, shards(32, 32)), "gemm_partitioned: 1 slices but 2 shards");
   EXPECT_EQ(run({}, {}), "gemm_partitioned: no partitions given");
   // A wrong bias and a wrong dtype are caught (the dtype inside the op, named with its partition).
-  EXPECT_NE(error_of([&] {
+  EXPECT_NE(error_text([&] {
               ops::gemm_partitioned(x, shards(32, 32), Tensor::zeros({63}, DType::kFP32), y,
                                     {{0, 32, s0}, {32, 64, s1}});
             }).find("bias must be [64]"),
             std::string::npos);
-  const std::string dtype_err = error_of([&] {
+  const std::string dtype_err = error_text([&] {
     ops::gemm_partitioned(x, {Tensor::zeros({32, 16}, DType::kBF16), Tensor::zeros({32, 16}, DType::kFP32)}, Tensor(),
                           y, {{0, 32, s0}, {32, 64, s1}});
   });
@@ -238,19 +231,19 @@ TEST(PartitionedOpsValidation, SwigluAndBmmShardShapes) {
   Stream s0 = rt.place(0).stream(), s1 = rt.place(1).stream();
   Tensor x = randn({2, 16}, DType::kBF16, fresh_seed());
   Tensor y = Tensor::empty({2, 32}, DType::kBF16);
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_text([&] {
               ops::gemm_swiglu_partitioned(x, {Tensor::zeros({32, 16}, DType::kBF16), Tensor::zeros({16, 16}, DType::kBF16)},
                                            y, {{0, 16, s0}, {16, 32, s1}});
             }),
             "gemm_swiglu_partitioned: partition 1 shard is [16, 16] but its slice needs [32, 16]");
   Tensor a = randn({4, 2, 8}, DType::kBF16, fresh_seed());
   Tensor yb = Tensor::empty({4, 2, 8}, DType::kBF16);
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_text([&] {
               ops::bmm_partitioned(a, {Tensor::zeros({2, 8, 8}, DType::kBF16), Tensor::zeros({2, 16, 8}, DType::kBF16)}, yb,
                                    {{0, 2, s0}, {2, 4, s1}});
             }),
             "bmm_partitioned: partition 1 shard is [2, 16, 8] but its slice needs [2, 8, 8]");
-  EXPECT_EQ(error_of([&] {
+  EXPECT_EQ(error_text([&] {
               ops::bmm_partitioned(a, {Tensor::zeros({2, 8, 8}, DType::kBF16), Tensor::zeros({2, 8, 8}, DType::kBF16)}, yb,
                                    {{0, 2, s0}, {2, 3, s1}});
             }),

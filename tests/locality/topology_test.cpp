@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace locus::locality {
 namespace {
@@ -41,14 +42,7 @@ constexpr const char* kFake = "LOCUS_FAKE_LOCALITY_DOMAINS";
 
 int sum(const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), 0); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using locus::testing::error_text;
 
 TEST(Topology, DefaultIsOneDomainWithAllThreads) {
   ScopedEnv fake(kFake, nullptr);
@@ -104,20 +98,20 @@ TEST(Topology, MoreDomainsThanThreadsGetOneThreadEach) {
 TEST(Topology, ZeroAndGarbageEnvAreRejectedByName) {
   for (const char* bad : {"0", "two", "-1", "2x", " 2", "1.5", "99999999999", "65"}) {
     ScopedEnv fake(kFake, bad);
-    const std::string msg = error_of([] { resolve_topology(Device::cpu()); });
+    const std::string msg = error_text([] { resolve_topology(Device::cpu()); });
     EXPECT_NE(msg.find("LOCUS_FAKE_LOCALITY_DOMAINS"), std::string::npos) << "value '" << bad << "': " << msg;
   }
   ScopedEnv fake(kFake, "two");
-  EXPECT_EQ(error_of([] { resolve_topology(Device::cpu()); }),
+  EXPECT_EQ(error_text([] { resolve_topology(Device::cpu()); }),
             "LOCUS_FAKE_LOCALITY_DOMAINS must be a positive integer number of locality domains, got 'two'");
   ScopedEnv zero(kFake, "0");
-  EXPECT_EQ(error_of([] { resolve_topology(Device::cpu()); }), "LOCUS_FAKE_LOCALITY_DOMAINS must be at least 1, got 0");
+  EXPECT_EQ(error_text([] { resolve_topology(Device::cpu()); }), "LOCUS_FAKE_LOCALITY_DOMAINS must be at least 1, got 0");
 }
 
 TEST(Topology, BadConfigValueIsRejectedByName) {
   ScopedEnv fake(kFake, nullptr);
   for (int bad : {0, -2, 1000}) {
-    const std::string msg = error_of([bad] { resolve_topology(Device::cpu(), bad); });
+    const std::string msg = error_text([bad] { resolve_topology(Device::cpu(), bad); });
     EXPECT_NE(msg.find("locality_domains.emulate"), std::string::npos) << bad << ": " << msg;
     EXPECT_NE(msg.find(std::to_string(bad)), std::string::npos) << msg;
   }
@@ -129,14 +123,14 @@ TEST(Topology, CpuTopologySplitsEvenly) {
   EXPECT_THROW(cpu_topology(4, 0, "x"), Error);
   EXPECT_THROW(cpu_topology(0, 1, "x"), Error);
   EXPECT_EQ(parse_domain_count("4", "flag"), 4);
-  EXPECT_EQ(error_of([] { parse_domain_count("", "--domains"); }),
+  EXPECT_EQ(error_text([] { parse_domain_count("", "--domains"); }),
             "--domains must be a positive integer number of locality domains, got ''");
 }
 
 #if !defined(LOCUS_WITH_CUDA)
 TEST(Topology, CudaDeviceNeedsTheCudaBackend) {
   ScopedEnv fake(kFake, nullptr);
-  const std::string msg = error_of([] { resolve_topology(Device::cuda(0)); });
+  const std::string msg = error_text([] { resolve_topology(Device::cuda(0)); });
   EXPECT_NE(msg.find("cuda:0"), std::string::npos) << msg;
   EXPECT_NE(msg.find("CUDA backend"), std::string::npos) << msg;
 }

@@ -26,14 +26,7 @@ using testing::rel_error;
 
 double silu_d(double g) { return g / (1.0 + std::exp(-g)); }
 
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using locus::testing::error_text;
 
 struct Shape3 {
   int64_t m, n, k;
@@ -170,24 +163,24 @@ TEST(Gemm, RejectsBadOperandsNamingThem) {
   Tensor x = Tensor::zeros({4, 60}, DType::kBF16);
   Tensor w = Tensor::zeros({8, 64}, DType::kBF16);
   Tensor y = Tensor::empty({4, 8}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::gemm(x, w, Tensor(), y); }).find("gemm: w has K=64 but x has K=60"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::gemm(x, w, Tensor(), y); }).find("gemm: w has K=64 but x has K=60"), std::string::npos);
   Tensor wf = Tensor::zeros({8, 60}, DType::kFP32);
-  EXPECT_NE(what_of([&] { ops::gemm(x, wf, Tensor(), y); }).find("gemm: w must be bf16"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::gemm(x, wf, Tensor(), y); }).find("gemm: w must be bf16"), std::string::npos);
   Tensor w60 = Tensor::zeros({8, 60}, DType::kBF16);
   Tensor ybad = Tensor::empty({4, 7}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::gemm(x, w60, Tensor(), ybad); }).find("y has shape [4, 7] but the product is [4, 8]"),
+  EXPECT_NE(error_text([&] { ops::gemm(x, w60, Tensor(), ybad); }).find("y has shape [4, 7] but the product is [4, 8]"),
             std::string::npos);
   Tensor bias = Tensor::zeros({5}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::gemm(x, w60, bias, y); }).find("bias has 5 elements"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::gemm(x, w60, bias, y); }).find("bias has 5 elements"), std::string::npos);
   Tensor xt = Tensor::zeros({60, 4}, DType::kBF16).transpose(0, 1);
-  EXPECT_NE(what_of([&] { ops::gemm(xt, w60, Tensor(), y); }).find("x needs unit column stride"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::gemm(xt, w60, Tensor(), y); }).find("x needs unit column stride"), std::string::npos);
   Tensor big = Tensor::zeros({4, 68}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::gemm(big.slice(1, 0, 60), w60, Tensor(), big.slice(1, 56, 64)); }).find("overlaps"),
+  EXPECT_NE(error_text([&] { ops::gemm(big.slice(1, 0, 60), w60, Tensor(), big.slice(1, 56, 64)); }).find("overlaps"),
             std::string::npos);
   Tensor odd = Tensor::zeros({7, 60}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::gemm_swiglu(x, odd, y); }).find("w_gate_up must hold gate and up rows"),
+  EXPECT_NE(error_text([&] { ops::gemm_swiglu(x, odd, y); }).find("w_gate_up must hold gate and up rows"),
             std::string::npos);
-  EXPECT_NE(what_of([&] { ops::gemm(x, Tensor(), Tensor(), y); }).find("gemm: w is an undefined tensor"),
+  EXPECT_NE(error_text([&] { ops::gemm(x, Tensor(), Tensor(), y); }).find("gemm: w is an undefined tensor"),
             std::string::npos);
 }
 

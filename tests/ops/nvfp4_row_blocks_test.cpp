@@ -19,14 +19,7 @@ using testing::bitwise_equal;
 using testing::fresh_seed;
 using testing::randn;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using locus::testing::error_text;
 
 TEST(Nvfp4RowBlocks, EachBlockIsTheOpOnItsRows) {
   const uint64_t seed = fresh_seed();
@@ -67,13 +60,13 @@ TEST(Nvfp4RowBlocks, BadBlocksAreNamed) {
   const ops::Nvfp4Weight other_k = ops::nvfp4_quantize(randn({32, 128}, DType::kBF16, 4, 0.2));
   const Tensor x = randn({4, 64}, DType::kBF16, 5);
   const Tensor y = Tensor::empty({4, 32}, DType::kFP32);
-  EXPECT_EQ(error_of([&] { ops::nvfp4_gemm_row_blocks(x, {{&w, 0, 2}, {&w, 3, 2}}, y, false); }),
+  EXPECT_EQ(error_text([&] { ops::nvfp4_gemm_row_blocks(x, {{&w, 0, 2}, {&w, 3, 2}}, y, false); }),
             "nvfp4_gemm_row_blocks: block 1 has rows [3, 5), outside x's 4 rows");
-  EXPECT_EQ(error_of([&] { ops::nvfp4_gemm_row_blocks(x, {{nullptr, 0, 1}}, y, false); }),
+  EXPECT_EQ(error_text([&] { ops::nvfp4_gemm_row_blocks(x, {{nullptr, 0, 1}}, y, false); }),
             "nvfp4_gemm_row_blocks: block 0 has no weight");
-  const std::string k = error_of([&] { ops::nvfp4_gemm_row_blocks(x, {{&w, 0, 1}, {&other_k, 1, 2}}, y, false); });
+  const std::string k = error_text([&] { ops::nvfp4_gemm_row_blocks(x, {{&w, 0, 1}, {&other_k, 1, 2}}, y, false); });
   EXPECT_EQ(k.rfind("nvfp4_gemm_row_blocks: block 1: ", 0), 0u) << k;
-  EXPECT_EQ(error_of([&] { ops::nvfp4_gemm_row_blocks(x, {}, Tensor::empty({3, 32}, DType::kFP32), false); }).rfind(
+  EXPECT_EQ(error_text([&] { ops::nvfp4_gemm_row_blocks(x, {}, Tensor::empty({3, 32}, DType::kFP32), false); }).rfind(
                 "nvfp4_gemm_row_blocks: x and y must be 2-D with the same rows", 0),
             0u);
 }

@@ -233,36 +233,29 @@ TEST(Nvfp4Prepare, CpuKeepsOwnedWeightsAndCopiesViewsIntoTheDomain) {
   EXPECT_TRUE(bitwise_equal(shard.scales, w.scales.slice(0, 32, 64)));
 }
 
-std::string what_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using locus::testing::error_text;
 
 TEST(Nvfp4, RejectsBadInputsNamingThem) {
-  EXPECT_NE(what_of([] { ops::nvfp4_quantize(Tensor::zeros({2, 24}, DType::kBF16)); }).find("K=24 is not a multiple"),
+  EXPECT_NE(error_text([] { ops::nvfp4_quantize(Tensor::zeros({2, 24}, DType::kBF16)); }).find("K=24 is not a multiple"),
             std::string::npos);
   Tensor bad = Tensor::zeros({2, 16}, DType::kFP32);
   bad.data<float>()[17] = NAN;
-  EXPECT_NE(what_of([&] { ops::nvfp4_quantize(bad); }).find("w[1, 1] = nan is not finite"), std::string::npos);
-  EXPECT_NE(what_of([] { ops::nvfp4_quantize(Tensor::zeros({2, 16}, DType::kBF16), 0.f); }).find("global_scale"),
+  EXPECT_NE(error_text([&] { ops::nvfp4_quantize(bad); }).find("w[1, 1] = nan is not finite"), std::string::npos);
+  EXPECT_NE(error_text([] { ops::nvfp4_quantize(Tensor::zeros({2, 16}, DType::kBF16), 0.f); }).find("global_scale"),
             std::string::npos);
   ops::Nvfp4Weight w = ops::nvfp4_quantize(Tensor::zeros({4, 32}, DType::kBF16));
   Tensor x = Tensor::zeros({2, 48}, DType::kBF16), y = Tensor::empty({2, 4}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::nvfp4_gemm(x, w, Tensor(), y); }).find("nvfp4_gemm: w has K=32 but x has K=48"),
+  EXPECT_NE(error_text([&] { ops::nvfp4_gemm(x, w, Tensor(), y); }).find("nvfp4_gemm: w has K=32 but x has K=48"),
             std::string::npos);
-  EXPECT_NE(what_of([&] { ops::nvfp4_rows(w, 2, 5); }).find("rows [2, 5) out of range"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::nvfp4_rows(w, 2, 5); }).find("rows [2, 5) out of range"), std::string::npos);
   ops::Nvfp4Weight broken = w;
   broken.scales = Tensor::zeros({4, 3}, DType::kFP8E4M3);
   Tensor x32 = Tensor::zeros({2, 32}, DType::kBF16);
-  EXPECT_NE(what_of([&] { ops::nvfp4_gemm(x32, broken, Tensor(), y); }).find("w.scales is [4, 3]"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::nvfp4_gemm(x32, broken, Tensor(), y); }).find("w.scales is [4, 3]"), std::string::npos);
   ops::Nvfp4Weight odd = ops::nvfp4_quantize(Tensor::zeros({3, 32}, DType::kBF16));
-  EXPECT_NE(what_of([&] { ops::nvfp4_gemm_swiglu(x32, odd, y); }).find("gate and up rows"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::nvfp4_gemm_swiglu(x32, odd, y); }).find("gate and up rows"), std::string::npos);
 #if !defined(LOCUS_WITH_CUDA)
-  EXPECT_NE(what_of([&] { ops::nvfp4_prepare(w, Device::cuda(0), 0); }).find("CUDA"), std::string::npos);
+  EXPECT_NE(error_text([&] { ops::nvfp4_prepare(w, Device::cuda(0), 0); }).find("CUDA"), std::string::npos);
 #endif
 }
 
