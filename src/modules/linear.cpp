@@ -574,10 +574,11 @@ void Linear::forward(const Tensor& x, const Tensor& y, const Stream& stream) con
   }
 }
 
-const ops::Nvfp4Weight* Linear::nvfp4_whole() const {
-  if (!is_nvfp4(cfg_) || partitioned() || bias_.defined() || nv_.empty()) return nullptr;
-  if (is_fused(cfg_) && (per_half_ || unfused_split_)) return nullptr;
-  return &nv_[0];
+const ops::Nvfp4Weight* Linear::nvfp4_unit(int p) const {
+  if (!is_nvfp4(cfg_) || bias_.defined() || (is_fused(cfg_) && (per_half_ || unfused_split_))) return nullptr;
+  const int index = partitioned() ? p : p < 0 ? 0 : -1;
+  if (index < 0 || index >= static_cast<int>(nv_.size())) return nullptr;
+  return &nv_[static_cast<size_t>(index)];
 }
 
 void Linear::forward_unfused(const Tensor& x, const Tensor& y, const Stream& stream) const {

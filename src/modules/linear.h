@@ -102,11 +102,12 @@ class Linear : public Module {
   // (VANILLA [n0, n1); FUSED_GATE_UP the SwiGLU columns [n0, n1) of y [M, I]). Needs partitioned().
   // For composites (MoE) that run many Linears inside one fork/join.
   void forward_partition(int p, const Tensor& x, const Tensor& y, const Stream& stream) const;
-  // The one NVFP4 weight forward() multiplies by (with FUSED_GATE_UP: the fused gate/up weight,
-  // SwiGLU in the epilogue), or nullptr where forward() does more or else (BF16, a bias,
-  // partitioned, gate and up apart). Composites (MoE) hand it to ops::nvfp4_gemm_row_blocks in
-  // place of forward(), with the same result.
-  const ops::Nvfp4Weight* nvfp4_whole() const;
+  // The one NVFP4 weight that forward() (p < 0, unpartitioned) or forward_partition(p) multiplies
+  // by (with FUSED_GATE_UP: the fused gate/up weight or shard, SwiGLU in the epilogue), or nullptr
+  // where it does more or else (BF16, a bias, gate and up apart, p not how the module runs).
+  // forward_partition(p) writes columns plan().layout.parts[p] of y. Composites (MoE) hand it to
+  // ops::nvfp4_gemm_row_blocks in place of forward() / forward_partition(p), with the same result.
+  const ops::Nvfp4Weight* nvfp4_unit(int p = -1) const;
 
   // ---- inspection (tests, `locus plan`) ----
   const Tensor& weight() const { return full_; }  // BF16 full weight; undefined once localized

@@ -6,7 +6,6 @@
 #include <cstdlib>
 
 #include "ops/norm.h"
-#include "ops/nvfp4_row_blocks.h"
 #include "ops/partitioned.h"
 
 namespace locus::modules {
@@ -358,34 +357,61 @@ void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, con
     if (offsets[e + 1] > offsets[e]) active.push_back(e);
   auto rows_of = [&](const Tensor& t, int64_t e) { return t.slice(0, offsets[e], offsets[e + 1]); };
   if (experts_partitioned()) {
-    // One fork/join per stage; inside, partition p runs its slice of every active expert.
+    // One fork/join per stage; inside, partition p runs its slice of every active expert: as row
+    // blocks of its NVFP4 shards where they are such (its columns of hg and og), else expert by
+    // expert.
     const int P = experts_plan_.layout.num_partitions();
     const auto streams = ctx_.runtime->partition_streams(P);
+    std::vector<Nvfp4Stage> stages(static_cast<size_t>(P));
+    bool blocks = true;
+    for (int p = 0; p < P && blocks; ++p) blocks = nvfp4_stage(p, offsets, active, &stages[static_cast<size_t>(p)]);
     ops::run_partitioned(stream, streams, [&](int p) {
-      for (int64_t e : active) gate_up_[e]->forward_partition(p, rows_of(xg, e), rows_of(hg, e), streams[p]);
+      const Nvfp4Stage& st = stages[static_cast<size_t>(p)];
+      if (blocks) ops::nvfp4_gemm_row_blocks(xg, st.gate_up, hg.slice(1, st.h0, st.h1), true, streams[p]);
+      else for (int64_t e : active) gate_up_[e]->forward_partition(p, rows_of(xg, e), rows_of(hg, e), streams[p]);
     });
     ops::run_partitioned(stream, streams, [&](int p) {
-      for (int64_t e : active) down_[e]->forward_partition(p, rows_of(hg, e), rows_of(og, e), streams[p]);
+      const Nvfp4Stage& st = stages[static_cast<size_t>(p)];
+      if (blocks) ops::nvfp4_gemm_row_blocks(hg, st.down, og.slice(1, st.o0, st.o1), false, streams[p]);
+      else for (int64_t e : active) down_[e]->forward_partition(p, rows_of(hg, e), rows_of(og, e), streams[p]);
     });
-  } else if (!run_nvfp4_row_blocks(xg, offsets, active, hg, og, stream)) {
-    for (int64_t e : active) gate_up_[e]->forward(rows_of(xg, e), rows_of(hg, e), stream);
-    for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
+    return;
   }
+  Nvfp4Stage st;
+  if (nvfp4_stage(-1, offsets, active, &st)) {
+    ops::nvfp4_gemm_row_blocks(xg, st.gate_up, hg, true, stream);
+    ops::nvfp4_gemm_row_blocks(hg, st.down, og, false, stream);
+    return;
+  }
+  for (int64_t e : active) gate_up_[e]->forward(rows_of(xg, e), rows_of(hg, e), stream);
+  for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
 }
 
-bool MoE::run_nvfp4_row_blocks(const Tensor& xg, const std::vector<int64_t>& offsets,
-                               const std::vector<int64_t>& active, const Tensor& hg, const Tensor& og,
-                               const Stream& stream) const {
-  std::vector<ops::Nvfp4RowBlock> gate_up, down;
-  for (int64_t e : active) {
-    const ops::Nvfp4Weight* gu = gate_up_[e]->nvfp4_whole();
-    const ops::Nvfp4Weight* dn = down_[e]->nvfp4_whole();
+bool MoE::nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
+                      Nvfp4Stage* st) const {
+  // The columns partition p writes (every expert's plan splits alike), or all of them.
+  auto columns = [&](const Linear& l, int64_t* c0, int64_t* c1) {
+    if (p < 0) {
+      *c0 = 0;
+      *c1 = l.out_features();
+    } else {
+      *c0 = l.plan().layout.parts[static_cast<size_t>(p)].n0;
+      *c1 = l.plan().layout.parts[static_cast<size_t>(p)].n1;
+    }
+  };
+  for (size_t i = 0; i < active.size(); ++i) {
+    const int64_t e = active[i];
+    const ops::Nvfp4Weight* gu = gate_up_[e]->nvfp4_unit(p);
+    const ops::Nvfp4Weight* dn = down_[e]->nvfp4_unit(p);
     if (gu == nullptr || dn == nullptr) return false;
-    gate_up.push_back({gu, offsets[e], offsets[e + 1] - offsets[e]});
-    down.push_back({dn, offsets[e], offsets[e + 1] - offsets[e]});
+    int64_t h0, h1, o0, o1;
+    columns(*gate_up_[e], &h0, &h1);
+    columns(*down_[e], &o0, &o1);
+    if (i == 0) *st = Nvfp4Stage{{}, {}, h0, h1, o0, o1};
+    if (h0 != st->h0 || h1 != st->h1 || o0 != st->o0 || o1 != st->o1) return false;
+    st->gate_up.push_back({gu, offsets[e], offsets[e + 1] - offsets[e]});
+    st->down.push_back({dn, offsets[e], offsets[e + 1] - offsets[e]});
   }
-  ops::nvfp4_gemm_row_blocks(xg, gate_up, hg, true, stream);
-  ops::nvfp4_gemm_row_blocks(hg, down, og, false, stream);
   return true;
 }
 

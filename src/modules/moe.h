@@ -25,6 +25,7 @@
 #include "modules/gated_mlp.h"
 #include "modules/linear.h"
 #include "ops/moe_routing.h"
+#include "ops/nvfp4_row_blocks.h"
 
 namespace locus::modules {
 
@@ -105,14 +106,19 @@ class MoE : public Module {
   // The expert GEMM stage: rows [offsets[e], offsets[e + 1]) of xg (bf16 [R, hidden], grouped by
   // expert) go through expert e's gate/up + SwiGLU into hg (bf16 [R, I]) and its down projection
   // into og (fp32 [R, hidden]); with a localized plan, one fork/join per stage across the domains.
-  // offsets are host values (E + 1 of them).
+  // NVFP4 experts run as row blocks (nvfp4_stage). offsets are host values (E + 1 of them).
   void run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,
                    const Stream& stream) const;
-  // Unpartitioned NVFP4 experts: the `active` experts' rows through two ops, gate/up + SwiGLU and
-  // down (ops::nvfp4_gemm_row_blocks; on CUDA, experts with equal row counts may share a launch).
-  // False, with nothing run, where an expert's linears are not single NVFP4 weights.
-  bool run_nvfp4_row_blocks(const Tensor& xg, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
-                            const Tensor& hg, const Tensor& og, const Stream& stream) const;
+  // One expert stage as row blocks (ops::nvfp4_gemm_row_blocks; on CUDA, experts with equal row
+  // counts may share a launch): the `active` experts' NVFP4 gate/up (+ SwiGLU) and down weights,
+  // unpartitioned (p < 0) or partition p's shards, and the columns of hg and og they write. False
+  // where an expert's linears are not single NVFP4 weights (then they run one by one).
+  struct Nvfp4Stage {
+    std::vector<ops::Nvfp4RowBlock> gate_up, down;
+    int64_t h0 = 0, h1 = 0, o0 = 0, o1 = 0;
+  };
+  bool nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
+                   Nvfp4Stage* st) const;
 
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;
