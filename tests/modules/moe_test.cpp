@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/device_hooks.h"
 #include "module_test_util.h"
 #include "moe_test_util.h"
@@ -162,6 +164,8 @@ TEST(MoeTest, LocalizeReleasesExpertWeightsAndReloadIsInPlace) {
   EXPECT_TRUE(plans[1].plan.enabled);
 }
 
+// Gate and up with scales of their own (gate/up products apart, then SwiGLU), and with one
+// shared scale (ModelOpt's DeepSeek export; the fused weight, and the experts run as row blocks).
 TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
@@ -169,39 +173,46 @@ TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
   c.top_k = 1;
   c.n_group = 1;
   c.expert_quant = locality::QuantKind::kNVFP4;
-  MoeWeights w(c, seed);
-  std::vector<ops::Nvfp4Weight> qg, qu, qd;
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    qg.push_back(ops::nvfp4_quantize(w.g[e]));
-    qu.push_back(ops::nvfp4_quantize(w.u[e], qg[e].global_scale * 1.5f));  // a scale of its own
-    qd.push_back(ops::nvfp4_quantize(w.d[e]));
-    // The reference uses exactly the dequantized weights the module holds.
-    w.g[e] = ops::nvfp4_dequantize(qg[e]);
-    w.u[e] = ops::nvfp4_dequantize(qu[e]);
-    w.d[e] = ops::nvfp4_dequantize(qd[e]);
-  }
-  Tensor x = randn({4, c.hidden_size}, DType::kBF16, seed + 1);
-  Tensor y_off;
-  for (int domains : {0, 2}) {
-    SCOPED_TRACE(domains);
-    MoE moe(make_ld(domains).ctx("mlp"), c);
-    moe.load("gate.weight", w.gate);
-    moe.load("gate.e_score_correction_bias", w.bias);
+  for (const bool shared_scale : {false, true}) {
+    SCOPED_TRACE(shared_scale ? "gate and up share a scale" : "gate and up with scales of their own");
+    MoeWeights w(c, seed);
+    std::vector<ops::Nvfp4Weight> qg, qu, qd;
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      for (const auto& [proj, q] : {std::pair<const char*, ops::Nvfp4Weight*>{"gate_proj", &qg[e]},
-                                    {"up_proj", &qu[e]}, {"down_proj", &qd[e]}}) {
-        moe.load_expert(e, proj, "weight", q->packed);
-        moe.load_expert(e, proj, "weight_scale", q->scales);
-        moe.load_expert(e, proj, "weight_scale_2", fp32_scalar(q->global_scale));
-      }
+      const float g_scale = ops::nvfp4_global_scale_for(w.g[e]);
+      const float u_scale = shared_scale ? std::max(g_scale, ops::nvfp4_global_scale_for(w.u[e])) : g_scale * 1.5f;
+      qg.push_back(ops::nvfp4_quantize(w.g[e], shared_scale ? u_scale : g_scale));
+      qu.push_back(ops::nvfp4_quantize(w.u[e], u_scale));
+      qd.push_back(ops::nvfp4_quantize(w.d[e]));
+      // The reference uses exactly the dequantized weights the module holds.
+      w.g[e] = ops::nvfp4_dequantize(qg[e]);
+      w.u[e] = ops::nvfp4_dequantize(qu[e]);
+      w.d[e] = ops::nvfp4_dequantize(qd[e]);
     }
-    moe.localize();
-    EXPECT_EQ(moe.experts_plan().enabled, domains == 2) << moe.experts_plan().describe();
-    EXPECT_TRUE(moe.expert_gate_up(0).per_half_scales());  // gate and up quantized separately
-    const Tensor y = run(moe, x);
-    EXPECT_LT(rel_error(y, ref_moe(moe, x, w).v), bf16_gemm_tolerance(c.intermediate_size));
-    if (domains == 0) y_off = y;
-    else EXPECT_TRUE(bitwise_equal(y, y_off));
+    Tensor x = randn({4, c.hidden_size}, DType::kBF16, seed + 1);
+    Tensor y_off;
+    for (int domains : {0, 2}) {
+      SCOPED_TRACE(domains);
+      MoE moe(make_ld(domains).ctx("mlp"), c);
+      moe.load("gate.weight", w.gate);
+      moe.load("gate.e_score_correction_bias", w.bias);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        for (const auto& [proj, q] : {std::pair<const char*, ops::Nvfp4Weight*>{"gate_proj", &qg[e]},
+                                      {"up_proj", &qu[e]}, {"down_proj", &qd[e]}}) {
+          moe.load_expert(e, proj, "weight", q->packed);
+          moe.load_expert(e, proj, "weight_scale", q->scales);
+          moe.load_expert(e, proj, "weight_scale_2", fp32_scalar(q->global_scale));
+        }
+      }
+      moe.localize();
+      EXPECT_EQ(moe.experts_plan().enabled, domains == 2) << moe.experts_plan().describe();
+      EXPECT_EQ(moe.expert_gate_up(0).per_half_scales(), !shared_scale);
+      // Row blocks run where each expert is one NVFP4 weight per domain (or whole).
+      EXPECT_EQ(moe.expert_gate_up(0).nvfp4_unit(domains == 2 ? 1 : -1) != nullptr, shared_scale);
+      const Tensor y = run(moe, x);
+      EXPECT_LT(rel_error(y, ref_moe(moe, x, w).v), bf16_gemm_tolerance(c.intermediate_size));
+      if (domains == 0) y_off = y;
+      else EXPECT_TRUE(bitwise_equal(y, y_off));
+    }
   }
 }
 
