@@ -218,7 +218,11 @@ def self_test(args):
     work = tempfile.mkdtemp(prefix="locus_parity_self_")
     try:
         model_dir = os.path.join(work, "tiny")
-        res = subprocess.run([args.locus, "make-tiny-model", model_dir], capture_output=True, text=True)
+        make = [args.locus, "make-tiny-model", model_dir]
+        if args.widths == "deepseek-v3":  # as the HF side would build it: --layers, --experts
+            make += ["--shape", "deepseek-v3", "--layers", str(args.layers)]
+            make += ["--experts", str(args.experts)] if args.experts else []
+        res = subprocess.run(make, capture_output=True, text=True)
         if res.returncode != 0:
             print(f"error: make-tiny-model failed: {res.stderr.strip()}", file=sys.stderr)
             return 2
