@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "core/host_profile.h"
 #include "ops/norm.h"
 
 namespace locus::models {
@@ -212,7 +213,10 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
   Tensor h = Tensor::empty({total, D}, DType::kBF16, dev);
   Tensor a = Tensor::empty({total, D}, DType::kBF16, dev);
   try {
-    embed_->forward(ids, x, stream);
+    {
+      HostProfileScope profile("embed");
+      embed_->forward(ids, x, stream);
+    }
     std::vector<modules::MlaSequence> seqs(batch.size());
     for (size_t l = 0; l < layers_.size(); ++l) {
       for (size_t b = 0; b < batch.size(); ++b)
@@ -227,6 +231,7 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
 
   // Rows whose logits are wanted: every row, or each sequence's last (gathered on the device, an
   // embedding lookup into the hidden states).
+  HostProfileScope head_profile("lm_head");
   Tensor rows = x;
   if (!all_logits) {
     rows = Tensor::empty({B, D}, DType::kBF16, dev);
@@ -237,6 +242,7 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
   Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, dev);
   lm_head_->forward(normed, logits, stream);
   // The sampler reads the logits on the host. The copy waits for the device (cuda_hooks.cpp).
+  HostProfileScope copy_profile("lm_head.logits_to_host");
   return dev.is_cpu() ? logits : logits.to(Device::cpu());
 }
 

@@ -1,5 +1,6 @@
 #include "models/deepseek_v3_layer.h"
 
+#include "core/host_profile.h"
 #include "ops/norm.h"
 
 namespace locus::models {
@@ -175,14 +176,27 @@ void DecoderLayer::collect_plans(std::vector<modules::PlanRecord>* out) const {
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& positions, const std::vector<modules::MlaSequence>& seqs,
                            const Tensor& h, const Tensor& a, modules::MlaPath path, const Stream& stream) {
-  input_layernorm_->forward(x, h, stream);
-  attn_->forward(h, positions, seqs, a, path, stream);
-  ops::add(x, a, x, stream);
-  post_attention_layernorm_->forward(x, h, stream);
-  if (moe_)
+  {
+    HostProfileScope profile("norms and residuals");
+    input_layernorm_->forward(x, h, stream);
+  }
+  {
+    HostProfileScope profile("mla");
+    attn_->forward(h, positions, seqs, a, path, stream);
+  }
+  {
+    HostProfileScope profile("norms and residuals");
+    ops::add(x, a, x, stream);
+    post_attention_layernorm_->forward(x, h, stream);
+  }
+  if (moe_) {
+    HostProfileScope profile("moe");
     moe_->forward(h, a, stream);
-  else
+  } else {
+    HostProfileScope profile("dense mlp");
     mlp_->forward(h, a, stream);
+  }
+  HostProfileScope profile("norms and residuals");
   ops::add(x, a, x, stream);
 }
 

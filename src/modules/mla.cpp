@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "core/host_profile.h"
 #include "locality/shards.h"
 #include "ops/attention.h"
 #include "ops/bmm.h"
@@ -317,6 +319,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   const bool absorbed = path == MlaPath::kAbsorbed || (path == MlaPath::kAuto && max_new <= c.absorbed_max_tokens);
 
   // 1. queries [T, H, dn + dr]
+  std::optional<HostProfileScope> profile(std::in_place, "mla.q");
   Tensor q = Tensor::empty({T, H * (dn + dr)}, DType::kBF16, device());
   if (q_a_proj_) {
     Tensor qa = Tensor::empty({T, c.q_lora_rank}, DType::kBF16, device());
@@ -331,6 +334,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   ops::apply_rope(q3.slice(2, dn, dn + dr), positions, rope_, /*interleaved=*/true, stream);
 
   // 2. latent rows [c_kv | k_pe] appended to each sequence's cache: c_kv normalized, k_pe rotated
+  profile.emplace("mla.kv_cache");
   Tensor kva = Tensor::empty({T, dc + dr}, DType::kBF16, device());
   kv_a_proj_->forward(x, kva, stream);
   int64_t row = 0;
@@ -347,6 +351,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   }
 
   // 3. attention -> o_v [T, H, dv]
+  profile.emplace("mla.attention");
   Tensor o_v = Tensor::empty({T, H, dv}, DType::kBF16, device());
   if (!absorbed) {
     row = 0;
@@ -374,6 +379,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   for (const MlaSequence& s : seqs) s.cache->length += s.num_tokens;
 
   // 4. output projection
+  profile.emplace("mla.o_proj");
   o_proj_->forward(o_v.view({T, H * dv}), y, stream);
 }
 

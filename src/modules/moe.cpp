@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
+#include "core/host_profile.h"
 #include "ops/norm.h"
 #include "ops/partitioned.h"
 
@@ -323,6 +325,7 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   const Device dev = x.device();
   Tensor w = Tensor::empty({T, K}, DType::kFP32, dev);
   Tensor ids = Tensor::empty({T, K}, DType::kI32, dev);
+  std::optional<HostProfileScope> profile(std::in_place, "moe.route");
   route(x, w, ids, stream);
 
   // Group the (token, choice) pairs by expert on x's device: rows[r] = token of gathered row r,
@@ -330,17 +333,22 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   const int64_t R = T * K;
   Tensor offsets = Tensor::empty({E + 1}, DType::kI32, dev);
   Tensor rows = Tensor::empty({R}, DType::kI32, dev), slot = Tensor::empty({T, K}, DType::kI32, dev);
+  profile.emplace("moe.group");
   ops::moe_group(ids, E, offsets, rows, slot, stream);
+  profile.emplace("moe.offsets_to_host");  // waits for the device
   const std::vector<int64_t> offsets_host = ops::moe_offsets_to_host(offsets, stream);
   // On CUDA an id outside [0, E) (a routing bug) is skipped by moe_group and shows here.
   LOCUS_CHECK(offsets_host[E] == R, "MoE '", name(), "': ", R - offsets_host[E], " of ", R,
               " routed (token, expert) pairs had an expert id outside [0, ", E, ")");
 
+  profile.emplace("moe.gather");
   Tensor xg = Tensor::empty({R, H}, DType::kBF16, dev);
   ops::moe_gather(x, rows, xg, stream);
   Tensor hg = Tensor::empty({R, I}, DType::kBF16, dev);
   Tensor og = Tensor::empty({R, H}, DType::kFP32, dev);
+  profile.emplace("moe.experts");
   run_experts(xg, offsets_host, hg, og, stream);
+  profile.emplace("moe.shared_and_combine");
 
   Tensor shared;
   if (shared_) {

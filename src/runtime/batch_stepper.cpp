@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/host_profile.h"
 
 namespace locus::runtime {
 
@@ -53,7 +54,11 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     batch.push_back({s->next, &kv_.cache(s->cache_id)});
     (s->prefilled ? st.decode_tokens : st.prompt_tokens) += static_cast<int64_t>(s->next.size());
   }
-  const Tensor logits = model_.forward(batch);  // on failure the caches are as before: nothing changed
+  Tensor logits;
+  {
+    HostProfileScope profile(st.prompt_tokens > 0 ? "step (with prompts)" : "step (decode)");
+    logits = model_.forward(batch);  // on failure the caches are as before: nothing changed
+  }
   const int64_t vocab = model_.config().vocab_size;
   try {
     for (size_t i = 0; i < seqs_.size(); ++i) {

@@ -16,8 +16,9 @@ struct CmdResult {
   std::string out;  // stdout and stderr together
 };
 
-CmdResult run(const std::string& args) {
-  const std::string cmd = "env -u LOCUS_FAKE_LOCALITY_DOMAINS " + locus_binary() + " " + args + " 2>&1";
+// `env` takes extra assignments ("NAME=value ") for the command.
+CmdResult run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = "env -u LOCUS_FAKE_LOCALITY_DOMAINS " + env + locus_binary() + " " + args + " 2>&1";
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -45,6 +46,12 @@ TEST(GenerateCli, GeneratesAndReportsTokensPerSecond) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("decode 78 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("finished: length,length"), std::string::npos) << r.out;
+  // LOCUS_HOST_PROFILE=1: where the decode steps' host time went, after the stats line.
+  r = run("generate --model " + dir + " --prompt a --max-new-tokens 6 --ignore-eos --quiet", "LOCUS_HOST_PROFILE=1 ");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("host time by region"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step (decode)                   5 calls"), std::string::npos) << r.out;  // not the prefill
+  EXPECT_NE(r.out.find("\n  mla "), std::string::npos) << r.out;
   // A batch of prompts with sampling and locality domains on.
   r = run("generate --model " + dir +
           " --prompt a --prompt 'b c' --max-new-tokens 3 --temperature 0.7 --top-k 5 --top-p 0.9 --seed 4"

@@ -11,7 +11,8 @@
 #   4. `locus generate --backend cuda --ignore-eos` at batch 1 and 8, locality domains off and on
 #      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1): decode tokens/s and floor / measured
 #      (DESIGN.md section 7: within 1.5x of the floor);
-#   5. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
+#   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off;
+#   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
 # BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
 # usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"]
@@ -94,6 +95,16 @@ for fmt in $formats; do
       echo "| $fmt | $label | $batch | $gib | $floor | $tps | $ratio |" >> "$TABLE"
       echo "generate $fmt LD $label batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
     done
+  done
+  # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
+  # device inside a region), batch 1, LD off.
+  profile_envs=("")
+  [[ $fmt == nvfp4 ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
+  for envs in "${profile_envs[@]}"; do
+    timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
+      "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --quiet > "$OUT/profile.out" 2>&1
+    { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
+      sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$TABLE"
   done
   [[ $BACKEND == cuda ]] || continue
   ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "core/host_profile.h"
 #include "runtime/generation_stack.h"
 #include "runtime/llm_args_cli.h"
 #include "serve/cli/command.h"
@@ -57,9 +58,12 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
     std::cout << o.prompts[0] << std::flush;
   }
   GenerationStats st;
+  bool prefill_done = false;
   auto results = gen.generate(
       reqs,
       [&](size_t, int32_t id) {
+        if (!prefill_done) HostProfile::reset();  // the report covers the decode steps only
+        prefill_done = true;
         if (stream) std::cout << dec.push(id) << std::flush;
       },
       &st);
@@ -79,6 +83,7 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
                static_cast<long long>(st.prompt_tokens), st.prefill_seconds, st.prefill_tokens_per_second(),
                static_cast<long long>(st.decode_tokens), st.decode_seconds, st.decode_tokens_per_second(),
                reasons.c_str());
+  if (HostProfile::enabled()) std::fprintf(stderr, "%s", HostProfile::report().c_str());
   return 0;
 }
 
