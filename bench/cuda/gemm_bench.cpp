@@ -24,10 +24,10 @@
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B]
-//                        [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
-// (--copy-bandwidth: print the device line with the copy bandwidth, and stop. --shape: only that N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the
-// BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
+// usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm]
+//                        [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
+// (--copy-bandwidth: print the device line with the copy bandwidth, and stop. --shape: only that
+// N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
 // CTAs per SM, early weight copies and room for the next launch, as in BmmTmaTuning (0 = the
 // default for the first two). --m: the
 // M values of the table and the BMM rows. --tuning: the

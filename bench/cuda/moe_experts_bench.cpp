@@ -123,14 +123,17 @@ int main(int argc, char** argv) {
       ops::nvfp4_gemm_row_blocks(x, calls[static_cast<size_t>(c)].gate_up, h, true, Stream{dev, s});
       ops::nvfp4_gemm_row_blocks(h, calls[static_cast<size_t>(c)].down, y, false, Stream{dev, s});
     };
+    auto stream_launches = [] {
+      return cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);
+    };
     uint64_t launches[2];
     double t[2];
     InterleavedTimer timer(s);
     for (const int shared : {0, 1}) {
       cuda::set_nvfp4_row_block_launches(shared == 1);
-      const uint64_t before = cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);
+      const uint64_t before = stream_launches();
       stage(0);
-      launches[shared] = cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1) - before;
+      launches[shared] = stream_launches() - before;
       timer.add(&t[shared], kCalls, stage);
     }
     timer.run(20);
