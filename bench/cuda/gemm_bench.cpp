@@ -27,12 +27,12 @@
 // usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm]
 //                        [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
 // (--copy-bandwidth: print the device line with the copy bandwidth, and stop. --shape: only that
-// N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the BMM rows. --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size,
-// CTAs per SM, early weight copies and room for the next launch, as in BmmTmaTuning (0 = the
-// default for the first two). --m: the
-// M values of the table and the BMM rows. --tuning: the
-// streaming kernel's units per CTA, warps per CTA, ring depth, dependent launch (1/0), KB asked of
-// L2 before the previous kernel ends, feed (0 cp.async rings, 1 TMA producer), for the table, as in
+// N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the BMM rows.
+// --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size, CTAs
+// per SM, early weight copies and room for the next launch, as in BmmTmaTuning (0 = the default
+// for the first two). --m: the M values of the table and the BMM rows. --tuning: the streaming
+// kernel's units per CTA, warps per CTA, ring depth, dependent launch (1/0), KB asked of L2
+// before the previous kernel ends, feed (0 cp.async rings, 1 TMA producer), for the table, as in
 // StreamGemmTuning; fields left out keep their defaults)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
