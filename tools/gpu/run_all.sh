@@ -3,7 +3,7 @@
 # put into .gpu-carry/: the CUDA unit tests and the whole CPU suite (its CLI tests start
 # .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
 # generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
-# logits CUDA vs CPU), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
+# logits CUDA vs CPU; NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
 # BMM's also with its ring never sized for the next launch beside, the NVFP4 one for both feeds). Logs go to $OUT
 # (or /tmp/locus-gpu); each step prints a line or two, and a summary comes last.
 # usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]
@@ -72,16 +72,22 @@ if ((e2e)); then
       fi
     done
     ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
-    for run in "cpu off" "cuda off" "cuda on"; do
-      set -- $run
-      set_ld_flags "$2"
-      timeout 300 "$LOCUS_BIN" logits --model "$TINY/$fmt" --backend "$1" "${ids[@]}" --quiet \
-        --out "$OUT/logits_${fmt}_$1_$2.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 || { note "logits $fmt $1 LD $2: FAILED (see $LOG)"; rc=1; }
+    # NVFP4 also with the experts' row-block launches (LOCUS_NVFP4_ROW_BLOCKS=1, off by default).
+    runs=("cpu off off" "cuda off off" "cuda on on")
+    [[ $fmt == nvfp4 ]] && runs+=("cuda off off_rowblocks LOCUS_NVFP4_ROW_BLOCKS=1")
+    for run in "${runs[@]}"; do
+      read -r backend ld tag envs <<< "$run"
+      set_ld_flags "$ld"
+      timeout 300 env $envs "$LOCUS_BIN" logits --model "$TINY/$fmt" --backend "$backend" "${ids[@]}" --quiet \
+        --out "$OUT/logits_${fmt}_${backend}_$tag.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 ||
+        { note "logits $fmt $backend $tag: FAILED (see $LOG)"; rc=1; }
     done
-    for pair in "cuda_off cpu_off" "cuda_on cuda_off"; do
-      set -- $pair
-      res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$1.bin" "$OUT/logits_${fmt}_$2.bin" \
-            --label "logits $fmt ${1/_/ LD } vs ${2/_/ LD }" 2>&1) || rc=1
+    pairs=("cuda_off cpu_off" "cuda_on cuda_off")
+    [[ $fmt == nvfp4 ]] && pairs+=("cuda_off_rowblocks cpu_off")
+    for pair in "${pairs[@]}"; do
+      read -r a b <<< "$pair"
+      res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$a.bin" "$OUT/logits_${fmt}_$b.bin" \
+            --label "logits $fmt ${a/_/ LD } vs ${b/_/ LD }" 2>&1) || rc=1
       note "$res"
     done
   done
