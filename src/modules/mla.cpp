@@ -337,16 +337,28 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   profile.emplace("mla.kv_cache");
   Tensor kva = Tensor::empty({T, dc + dr}, DType::kBF16, device());
   kv_a_proj_->forward(x, kva, stream);
+  // Each latent row is normalized, and its rope part rotated, on its own (row-wise ops), so rows
+  // may be made in any grouping: one sequence's rows straight into its cache; several sequences'
+  // rows all at once, then one copy per cache (3 + B launches rather than 3B).
+  auto make_latent = [&](const Tensor& src, const Tensor& dst, const Tensor& pos) {
+    kv_a_layernorm_->forward(src.slice(1, 0, dc), dst.slice(1, 0, dc), stream);
+    ops::cast(src.slice(1, dc, dc + dr), dst.slice(1, dc, dc + dr), stream);
+    ops::apply_rope(dst.slice(1, dc, dc + dr).unsqueeze(1), pos, rope_, /*interleaved=*/true, stream);
+  };
+  const int64_t appending =
+      std::count_if(seqs.begin(), seqs.end(), [](const MlaSequence& s) { return s.num_tokens > 0; });
+  Tensor latent = kva;  // [T, dc + dr]: the rows made at once, when several sequences append
+  if (appending > 1) {
+    latent = Tensor::empty({T, dc + dr}, DType::kBF16, device());
+    make_latent(kva, latent, positions);
+  }
   int64_t row = 0;
   for (const MlaSequence& s : seqs) {
     const int64_t n = s.num_tokens, len = s.cache->length;
     if (n == 0) continue;
     Tensor dst = s.cache->latent.slice(0, len, len + n);
-    Tensor src = kva.slice(0, row, row + n);
-    kv_a_layernorm_->forward(src.slice(1, 0, dc), dst.slice(1, 0, dc), stream);
-    Tensor k_pe = dst.slice(1, dc, dc + dr);
-    ops::cast(src.slice(1, dc, dc + dr), k_pe, stream);
-    ops::apply_rope(k_pe.unsqueeze(1), positions.slice(0, row, row + n), rope_, /*interleaved=*/true, stream);
+    if (appending > 1) ops::cast(latent.slice(0, row, row + n), dst, stream);
+    else make_latent(kva.slice(0, row, row + n), dst, positions.slice(0, row, row + n));
     row += n;
   }
 

@@ -63,6 +63,11 @@ TEST(MlaTest, DecodeAfterPrefillAndBatchedSequences) {
     EXPECT_TRUE(bitwise_equal(y.slice(0, 0, 1), ya));
     EXPECT_TRUE(bitwise_equal(y.slice(0, 1, 2), yb));
   }
+  // And the latent rows the batch appended (made for both sequences at once) are theirs alone.
+  ASSERT_EQ(a.length, a1.length);
+  ASSERT_EQ(b.length, b1.length);
+  EXPECT_TRUE(bitwise_equal(a.latent.slice(0, 0, a.length), a1.latent.slice(0, 0, a1.length)));
+  EXPECT_TRUE(bitwise_equal(b.latent.slice(0, 0, b.length), b1.latent.slice(0, 0, b1.length)));
 }
 
 TEST(MlaTest, LocalityOnMatchesOffBitwise) {
