@@ -23,6 +23,7 @@ mkdir -p "$OUT"
 BACKEND="${BACKEND:-cuda}"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 source tools/gpu/tiny_model_env.sh  # set_ld_flags
+source tools/gpu/logits_env.sh  # logits_vs_cpu
 layers=3; experts=32; tokens=32; formats="bf16 nvfp4"
 while (($#)); do
   case "$1" in
@@ -107,24 +108,8 @@ for fmt in $formats; do
       sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$TABLE"
   done
   [[ $BACKEND == cuda ]] || continue
-  ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
-  logit_runs=("cpu off off" "cuda off off" "cuda on on")
-  [[ $fmt == nvfp4 ]] && logit_runs+=("cuda off off_rb LOCUS_NVFP4_ROW_BLOCKS=1")
-  for run in "${logit_runs[@]}"; do
-    read -r backend ld tag envs <<< "$run"
-    set_ld_flags "$ld"
-    timeout 300 env $envs "$CARRY/locus" logits --model "$dir" --backend "$backend" "${ids[@]}" --quiet \
-      --out "$OUT/logits_${fmt}_${backend}_$tag.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 ||
-      { echo "logits $fmt $backend $tag: FAILED"; rc=1; }
-  done
-  pairs=("cuda_off cpu_off" "cuda_on cuda_off")
-  [[ $fmt == nvfp4 ]] && pairs+=("cuda_off_rb cpu_off")
-  for pair in "${pairs[@]}"; do
-    read -r a b <<< "$pair"
-    res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$a.bin" "$OUT/logits_${fmt}_$b.bin" \
-          --label "logits $fmt $a vs $b" 2>&1) || rc=1
-    echo "$res" | tee -a "$TABLE"
-  done
+  logits_vs_cpu "$dir" "$fmt" "$LOG" || rc=1
+  printf '%s\n' "${logits_results[@]}" | tee -a "$TABLE"
   rm -rf "$dir"
 done
 rm -rf "$MODELS"

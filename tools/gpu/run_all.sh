@@ -13,6 +13,7 @@ OUT="${OUT:-/tmp/locus-gpu}"
 mkdir -p "$OUT"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 source tools/gpu/tiny_model_env.sh  # tiny_prompts, make_tiny_models, set_ld_flags
+source tools/gpu/logits_env.sh  # logits_vs_cpu
 quick=""; tests=1; e2e=1; bench=1; split=backfill
 while (($#)); do
   case "$1" in
@@ -71,25 +72,8 @@ if ((e2e)); then
         note "generate cuda $fmt LD $ld: FAILED (see $LOG)"; rc=1
       fi
     done
-    ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
-    # NVFP4 also with the experts' row-block launches (LOCUS_NVFP4_ROW_BLOCKS=1, off by default).
-    runs=("cpu off off" "cuda off off" "cuda on on")
-    [[ $fmt == nvfp4 ]] && runs+=("cuda off off_rowblocks LOCUS_NVFP4_ROW_BLOCKS=1")
-    for run in "${runs[@]}"; do
-      read -r backend ld tag envs <<< "$run"
-      set_ld_flags "$ld"
-      timeout 300 env $envs "$LOCUS_BIN" logits --model "$TINY/$fmt" --backend "$backend" "${ids[@]}" --quiet \
-        --out "$OUT/logits_${fmt}_${backend}_$tag.bin" "${ld_flags[@]}" >> "$LOG" 2>&1 ||
-        { note "logits $fmt $backend $tag: FAILED (see $LOG)"; rc=1; }
-    done
-    pairs=("cuda_off cpu_off" "cuda_on cuda_off")
-    [[ $fmt == nvfp4 ]] && pairs+=("cuda_off_rowblocks cpu_off")
-    for pair in "${pairs[@]}"; do
-      read -r a b <<< "$pair"
-      res=$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$a.bin" "$OUT/logits_${fmt}_$b.bin" \
-            --label "logits $fmt ${a/_/ LD } vs ${b/_/ LD }" 2>&1) || rc=1
-      note "$res"
-    done
+    logits_vs_cpu "$TINY/$fmt" "$fmt" "$LOG" || rc=1
+    for res in "${logits_results[@]}"; do note "$res"; done
   done
 fi
 
