@@ -85,17 +85,13 @@ TEST(CudaNvfp4, OutputSliceAndInPlaceReload) {
   EXPECT_LT(rel_error(fetch(slice), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
 }
 
-// Row blocks (a MoE's experts on their rows): with shared launches on, blocks of one row count
-// run as parts of one streaming launch; each block's rows match fp64, rows outside every block
-// keep their poison, and the launches are counted.
-TEST(CudaNvfp4, RowBlocksShareLaunchesAndMatchFp64) {
-  LOCUS_REQUIRE_GPU();
+// Row blocks of `counts` rows of a [R, K] x, each with its own [N, K] weight (with swiglu
+// [2N, K]), from row 1 on (row 0 is in no block): each block's rows against fp64, the row outside
+// every block still poisoned, and the streaming launches counted, shared and one per block.
+void check_row_blocks(int64_t K, int64_t N, const std::vector<int64_t>& counts, uint64_t shared_launches,
+                      uint64_t each_launches) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  const int64_t K = 512, N = 128;
-  // Row counts: nine of 1 (a launch of 8 parts, then one alone), two of 2 (one launch), one of 3
-  // (alone), an empty block, and row 0 in no block.
-  const std::vector<int64_t> counts = {1, 1, 0, 2, 1, 3, 2, 1, 1, 1, 1, 1, 1};
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " K " << K);
   const bool was = cuda::nvfp4_row_block_launches();
   for (const bool swiglu : {false, true}) {
     SCOPED_TRACE(swiglu ? "swiglu" : "plain");
@@ -119,14 +115,13 @@ TEST(CudaNvfp4, RowBlocksShareLaunchesAndMatchFp64) {
       Tensor y = poisoned_gpu({R, N}, swiglu ? DType::kBF16 : DType::kFP32);
       const uint64_t before = cuda::detail::stream_gemm_feed_launches(0);
       ops::nvfp4_gemm_row_blocks(xg, blocks, y, swiglu);
-      EXPECT_EQ(cuda::detail::stream_gemm_feed_launches(0) - before, shared ? 4u : 12u);
+      EXPECT_EQ(cuda::detail::stream_gemm_feed_launches(0) - before, shared ? shared_launches : each_launches);
       const Tensor out = fetch(y);
       for (int64_t c = 0; c < N; ++c) EXPECT_TRUE(std::isnan(get(out, c))) << "row 0 is in no block";
       for (size_t b = 0; b < counts.size(); ++b) {
         if (counts[b] == 0) continue;
         const int64_t r0 = blocks[b].row0, m = counts[b];
-        const Tensor xb = x.slice(0, r0, r0 + m);
-        std::vector<double> ref = ref_gemm_dense(xb, dequant_ref(host[b]), swiglu ? 2 * N : N);
+        std::vector<double> ref = ref_gemm_dense(x.slice(0, r0, r0 + m), dequant_ref(host[b]), swiglu ? 2 * N : N);
         if (swiglu) ref = ref_swiglu(ref, m, N);
         EXPECT_LT(rel_error(out.slice(0, r0, r0 + m), ref), swiglu ? bf16_gemm_tolerance(K) : fp32_out_gemm_tolerance(K))
             << "block " << b;
@@ -134,6 +129,18 @@ TEST(CudaNvfp4, RowBlocksShareLaunchesAndMatchFp64) {
     }
   }
   cuda::set_nvfp4_row_block_launches(was);
+}
+
+// Row blocks (a MoE's experts on their rows): with shared launches on, blocks of one row count
+// run as parts of one streaming launch.
+TEST(CudaNvfp4, RowBlocksShareLaunchesAndMatchFp64) {
+  LOCUS_REQUIRE_GPU();
+  // Nine blocks of 1 row (a launch of 8 parts, then one alone), two of 2 (one launch), one of 3
+  // (alone) and an empty one: 4 launches, or 12.
+  check_row_blocks(512, 128, {1, 1, 0, 2, 1, 3, 2, 1, 1, 1, 1, 1, 1}, 4, 12);
+  // Blocks of 20 rows at K = 2048 (the streaming kernel's, not the wgmma kernel's): the two of 20
+  // share a launch, 5 and 7 run alone: 3 launches, or 4.
+  check_row_blocks(2048, 64, {20, 5, 20, 0, 7}, 3, 4);
 }
 
 // The modules' reload copies `packed` and `scales` of a freshly prepared weight into the old
