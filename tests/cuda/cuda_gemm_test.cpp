@@ -1,6 +1,8 @@
 // BF16 GEMM / GEMM+SwiGLU / SwiGLU / BMM on CUDA against fp64 references on random inputs.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "cuda_test_util.h"
 
 namespace locus {
@@ -37,6 +39,36 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm,
                                            GemmCase{33, 130, 64, DType::kFP32, 2},
                                            GemmCase{64, 256, 512, DType::kBF16, 2},
                                            GemmCase{5, 48, 96, DType::kFP32, 1}));
+
+// Calls of one shape reuse their cached tactic and cuBLASLt descriptors: each call must still
+// read its own operands and its own bias (the one pointer the descriptors hold). The operands of
+// every call stay alive, so that no call gets an earlier call's addresses back; the biases are
+// 256-byte-apart slices of one buffer (one alignment, so one cache entry).
+TEST(CudaGemm, RepeatedShapeUsesEachCallsOperandsAndBias) {
+  LOCUS_REQUIRE_GPU();
+  const int64_t M = 4, N = 80, K = 96, kCalls = 3;
+  for (const DType out : {DType::kBF16, DType::kFP32}) {
+    const DType bias_dtype = out == DType::kBF16 ? DType::kBF16 : DType::kFP32;
+    const int64_t stride = 256 / dtype_size(bias_dtype) * ((N * dtype_size(bias_dtype) + 255) / 256);
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const Tensor biases = randn({kCalls * stride}, bias_dtype, seed);
+    const Tensor biases_gpu = to_gpu(biases);
+    std::vector<Tensor> alive;
+    for (int64_t call = 0; call < kCalls; ++call) {
+      SCOPED_TRACE(call);
+      Tensor x = randn({M, K}, DType::kBF16, seed + 10 * call + 1);
+      Tensor w = randn({N, K}, DType::kBF16, seed + 10 * call + 2, 0.05);
+      const Tensor bias = biases.slice(0, call * stride, call * stride + N);
+      Tensor y = poisoned_gpu({M, N}, out);
+      alive.insert(alive.end(), {to_gpu(x), to_gpu(w), y});
+      cuda::gemm(alive[alive.size() - 3], alive[alive.size() - 2], biases_gpu.slice(0, call * stride, call * stride + N),
+                 y, nullptr);
+      const double tol = out == DType::kBF16 ? bf16_gemm_tolerance(K) : fp32_out_gemm_tolerance(K);
+      EXPECT_LT(rel_error(fetch(y), ref_gemm(x, w, bias)), tol);
+    }
+  }
+}
 
 TEST(CudaGemmSlices, ColumnSlicesWriteInPlaceWithFullLeadingDimension) {
   LOCUS_REQUIRE_GPU();

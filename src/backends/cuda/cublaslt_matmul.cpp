@@ -3,7 +3,9 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
@@ -54,10 +56,39 @@ struct StreamLt {
   void* workspace = nullptr;  // 32 MiB
 };
 
+// RAII for the descriptor objects of a matmul.
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  Descs() = default;
+  Descs(const Descs&) = delete;
+  Descs& operator=(const Descs&) = delete;
+  ~Descs() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// What decides a matmul's tactic and descriptors (lt_matmul's cache key): transposes, shape,
+// leading dimensions, batch strides, dtypes, bias, the operands' alignments, the partition's SM
+// count and the alpha's pointer mode. Numbers, so a call builds no string.
+using MatmulKey = std::array<int64_t, 21>;
+
+// A cached choice and the descriptors made for it, reused by every call with its key (only the
+// bias pointer, which the key leaves out, is set per call).
+struct CachedMatmul {
+  Tactic tactic;
+  std::unique_ptr<Descs> descs;
+};
+
 struct LtState {
   std::mutex mu;
   std::map<std::pair<int, cudaStream_t>, StreamLt> streams;
-  std::map<std::string, Tactic> tactics;
+  std::map<MatmulKey, CachedMatmul> matmuls;
 };
 
 LtState& state() {
@@ -87,6 +118,13 @@ int alignment_of(const void* p) {
   return a;
 }
 
+// The key as text, for messages and the tactic log.
+std::string describe(const MatmulKey& k) {
+  std::string out = "matmul";
+  for (size_t i = 0; i < k.size(); ++i) out += str(i ? "," : " ", k[i]);
+  return out;
+}
+
 bool autotune_enabled() {
   static const bool on = env_switch("LOCUS_CUBLASLT_AUTOTUNE");
   return on;
@@ -98,19 +136,6 @@ bool sm_target_candidates() {
   return on;
 }
 
-// RAII for the descriptor objects of one call.
-struct Descs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~Descs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 void make_layout(cublasLtMatrixLayout_t* out, cudaDataType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                  int64_t stride) {
@@ -244,7 +269,7 @@ void scratch_free(void* p, cudaStream_t stream) {
 size_t tactic_cache_size() {
   LtState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  return s.tactics.size();
+  return s.matmuls.size();
 }
 
 void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
@@ -254,17 +279,26 @@ void lt_matmul(const LtMatmul& mm, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(s.mu);
   const StreamLt& lt = stream_lt_locked(s, stream);
   const int sm_part = partition_stream_sm_count(stream);
-  const int al_bias = mm.bias ? alignment_of(mm.bias) : 256;
-  const std::string key =
-      str(mm.trans_a, mm.trans_b, ':', mm.m, 'x', mm.n, 'x', mm.k, ':', mm.lda, ',', mm.ldb, ',', mm.ldd, ':', mm.batch,
-          ',', mm.stride_a, ',', mm.stride_b, ',', mm.stride_d, ':', mm.d_f32, ':', mm.bias != nullptr, mm.bias_f32, ':',
-          alignment_of(mm.a), ',', alignment_of(mm.b), ',', alignment_of(mm.d), ',', al_bias, ":sm", sm_part, ':',
-          mm.alpha_device != nullptr);
-  auto it = s.tactics.find(key);
-  if (it == s.tactics.end()) it = s.tactics.emplace(key, choose_tactic(lt, mm, sm_part, stream, key)).first;
-  Descs ds;
-  make_descs(mm, it->second.sm_target, &ds);
-  LOCUS_CUBLAS_CHECK(run(lt, ds, it->second.algo, mm, stream));
+  const MatmulKey key = {mm.trans_a,         mm.trans_b,         mm.m,
+                         mm.n,               mm.k,               mm.lda,
+                         mm.ldb,             mm.ldd,             mm.batch,
+                         mm.stride_a,        mm.stride_b,        mm.stride_d,
+                         mm.d_f32,           mm.bias != nullptr, mm.bias_f32,
+                         alignment_of(mm.a), alignment_of(mm.b), alignment_of(mm.d),
+                         mm.bias ? alignment_of(mm.bias) : 256, sm_part, mm.alpha_device != nullptr};
+  auto it = s.matmuls.find(key);
+  if (it == s.matmuls.end()) {
+    CachedMatmul c;
+    c.tactic = choose_tactic(lt, mm, sm_part, stream, describe(key));
+    c.descs = std::make_unique<Descs>();
+    make_descs(mm, c.tactic.sm_target, c.descs.get());
+    it = s.matmuls.emplace(key, std::move(c)).first;
+  } else if (mm.bias) {
+    // The one call-specific attribute (make_descs set it for the first call).
+    LOCUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(it->second.descs->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                      &mm.bias, sizeof(void*)));
+  }
+  LOCUS_CUBLAS_CHECK(run(lt, *it->second.descs, it->second.tactic.algo, mm, stream));
 }
 
 }  // namespace locus::cuda::detail
