@@ -534,9 +534,29 @@ bool stride_ok(int64_t elements) { return elements > 0 && elements % 8 == 0 && e
 BmmTmaTuning g_tuning;
 
 // A 3D BF16 (or fp32) tensor map, by default with 128-byte swizzled boxes; elements outside the
-// tensor read as zeros and are not written.
+// tensor read as zeros and are not written. An encode is a function of its inputs alone, so maps
+// are remembered by them: a decode step's weights never move, and the caching allocator hands
+// its activations the same addresses step after step (the memo is cleared when it grows large).
+CUtensorMap encode_tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
+                                 const int (&box)[3], bool f32, bool swizzle);
+
 CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
                           const int (&box)[3], bool f32 = false, bool swizzle = true) {
+  using Key = std::vector<int64_t>;
+  static std::mutex mu;
+  static auto* memo = new std::map<Key, CUtensorMap>();  // leaked, as the other launch caches
+  const Key key{reinterpret_cast<int64_t>(base), dims[0], dims[1], dims[2], strides[0], strides[1], box[0], box[1],
+                box[2], f32, swizzle, g_tuning.l2_promotion};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = memo->find(key); it != memo->end()) return it->second;
+  const CUtensorMap map = encode_tensor_map_3d(base, dims, strides, box, f32, swizzle);  // throws on a bad map
+  if (memo->size() >= 4096) memo->clear();
+  memo->emplace(key, map);
+  return map;
+}
+
+CUtensorMap encode_tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
+                                 const int (&box)[3], bool f32, bool swizzle) {
   CUtensorMap map{};
   const int es = f32 ? 4 : 2;
   const cuuint64_t d[3] = {static_cast<cuuint64_t>(dims[0]), static_cast<cuuint64_t>(dims[1]),
