@@ -1,6 +1,5 @@
 // Tensor-level entry points of the TMA-fed BMM (bmm_tma.h): the unpartitioned op and its
 // single-launch locality-domain form.
-#include <atomic>
 #include <functional>
 #include <string>
 
@@ -18,17 +17,10 @@ namespace {
 using detail::BmmTmaArgs;
 using detail::BmmTmaPart;
 
-// 1 on, 0 off (cuBLASLt takes every BMM), -1 not yet read from LOCUS_BMM_TMA.
-std::atomic<int> g_enabled{-1};
+// Off: cuBLASLt takes every BMM.
+detail::EnvToggle g_enabled("LOCUS_BMM_TMA", true);
 
-bool enabled() {
-  int on = g_enabled.load();
-  if (on < 0) {
-    on = detail::env_switch("LOCUS_BMM_TMA") ? 1 : 0;
-    g_enabled.store(on);
-  }
-  return on == 1;
-}
+bool enabled() { return g_enabled.on(); }
 
 // x = a [B, M, K] and y [B, M, N] (both with stride(2) == 1, as cuda::bmm checks).
 BmmTmaArgs base_args(const Tensor& a, const Tensor& y) {
@@ -104,7 +96,7 @@ std::string problem_key(const BmmTmaArgs& args) {
 
 }  // namespace
 
-void set_bmm_tma_enabled(bool on) { g_enabled.store(on ? 1 : 0); }
+void set_bmm_tma_enabled(bool on) { g_enabled.set(on); }
 
 bool bmm_tma(const Tensor& a, const Tensor& b, const Tensor& y, void* stream) {
   if (!enabled()) return false;

@@ -1,6 +1,7 @@
 // Internal to the CUDA backend: the environment variables that switch paths or override limits
 // (LOCUS_BMM_TMA, LOCUS_CUBLASLT_AUTOTUNE, ...), read the same way everywhere.
 #pragma once
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -17,5 +18,27 @@ inline int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
 }
+
+// A switch read from the environment variable `name` on first use, which a setter (tests,
+// benchmarks) overrides: default on, it is on unless the variable is "0"; default off, on only
+// where it is "1".
+class EnvToggle {
+ public:
+  constexpr EnvToggle(const char* name, bool default_on) : name_(name), default_on_(default_on) {}
+  bool on() {
+    int v = state_.load();
+    if (v < 0) {
+      v = default_on_ ? env_switch(name_) : env_int(name_, 0) == 1;
+      state_.store(v);
+    }
+    return v == 1;
+  }
+  void set(bool on) { state_.store(on ? 1 : 0); }
+
+ private:
+  const char* name_;
+  bool default_on_;
+  std::atomic<int> state_{-1};  // 1 on, 0 off, -1 not yet read
+};
 
 }  // namespace locus::cuda::detail

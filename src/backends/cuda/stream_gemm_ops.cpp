@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <string>
 
@@ -156,8 +155,7 @@ bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, boo
   return true;
 }
 
-// 1 on, 0 off, -1 not yet read from LOCUS_NVFP4_ROW_BLOCKS (off unless "1").
-std::atomic<int> g_row_block_launches{-1};
+detail::EnvToggle g_row_block_launches("LOCUS_NVFP4_ROW_BLOCKS", false);
 
 // Whether `w` is a prepared weight the streaming kernel takes for x [.., K] -> y [.., N].
 bool row_block_weight_fits(const ops::Nvfp4Weight& w, const Tensor& x, const Tensor& y, bool swiglu) {
@@ -184,16 +182,9 @@ bool launch_row_blocks_together(const Tensor& x, const std::vector<ops::Nvfp4Row
 
 }  // namespace
 
-bool nvfp4_row_block_launches() {
-  int on = g_row_block_launches.load();
-  if (on < 0) {
-    on = detail::env_int("LOCUS_NVFP4_ROW_BLOCKS", 0) == 1 ? 1 : 0;
-    g_row_block_launches.store(on);
-  }
-  return on == 1;
-}
+bool nvfp4_row_block_launches() { return g_row_block_launches.on(); }
 
-void set_nvfp4_row_block_launches(bool on) { g_row_block_launches.store(on ? 1 : 0); }
+void set_nvfp4_row_block_launches(bool on) { g_row_block_launches.set(on); }
 
 std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
                                           const Tensor& y, bool swiglu, void* stream) {
