@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -542,7 +543,7 @@ CUtensorMap encode_tensor_map_3d(const void* base, const int64_t (&dims)[3], con
 
 CUtensorMap tensor_map_3d(const void* base, const int64_t (&dims)[3], const int64_t (&strides)[2],
                           const int (&box)[3], bool f32 = false, bool swizzle = true) {
-  using Key = std::vector<int64_t>;
+  using Key = std::array<int64_t, 12>;  // no allocation on a launch's path
   static std::mutex mu;
   static auto* memo = new std::map<Key, CUtensorMap>();  // leaked, as the other launch caches
   const Key key{reinterpret_cast<int64_t>(base), dims[0], dims[1], dims[2], strides[0], strides[1], box[0], box[1],

@@ -136,7 +136,6 @@ bool sm_target_candidates() {
   return on;
 }
 
-
 void make_layout(cublasLtMatrixLayout_t* out, cudaDataType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                  int64_t stride) {
   LOCUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(out, t, rows, cols, ld));
