@@ -394,6 +394,18 @@ uint64_t spec_bytes(const TinyTensorSpec& t) {
   return static_cast<uint64_t>(shape_numel(t.shape)) * static_cast<uint64_t>(dtype_size(t.dtype));
 }
 
+uint64_t total_bytes(const std::vector<TinyTensorSpec>& specs) {
+  uint64_t total = 0;
+  for (const TinyTensorSpec& t : specs) total += spec_bytes(t);
+  return total;
+}
+
+// tiny_model_shards for a checkpoint of `total` bytes.
+int shards_for(const TinyModelOptions& o, uint64_t total) {
+  if (o.num_shards > 0) return o.num_shards;
+  return static_cast<int>(std::max<uint64_t>(2, (total + kTinyModelShardBytes - 1) / kTinyModelShardBytes));
+}
+
 std::string gb(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f GB", static_cast<double>(bytes) * 1e-9);
@@ -414,10 +426,7 @@ uint64_t free_bytes_at(fs::path dir) {
 }  // namespace
 
 int tiny_model_shards(const TinyModelOptions& o) {
-  if (o.num_shards > 0) return o.num_shards;
-  uint64_t total = 0;
-  for (const TinyTensorSpec& t : tiny_model_tensor_specs(o)) total += spec_bytes(t);
-  return static_cast<int>(std::max<uint64_t>(2, (total + kTinyModelShardBytes - 1) / kTinyModelShardBytes));
+  return o.num_shards > 0 ? o.num_shards : shards_for(o, total_bytes(tiny_model_tensor_specs(o)));
 }
 
 void write_tiny_model(const std::string& dir, const TinyModelOptions& o) {
@@ -426,15 +435,14 @@ void write_tiny_model(const std::string& dir, const TinyModelOptions& o) {
   // specs, so that each shard's tensors are drawn, written and let go before the next one's:
   // memory holds one shard, not the checkpoint.
   const std::vector<TinyTensorSpec> specs = tiny_model_tensor_specs(o);
-  uint64_t total = 0;
-  for (const TinyTensorSpec& t : specs) total += spec_bytes(t);
+  const uint64_t total = total_bytes(specs);
   const uint64_t free = free_bytes_at(dir);
   LOCUS_CHECK(free >= total + (64 << 20), "the checkpoint needs ", gb(total), " but '", dir, "' has ", gb(free),
               " free (fewer layers or experts make it smaller)");
   std::error_code ec;
   fs::create_directories(dir, ec);
   LOCUS_CHECK(fs::is_directory(dir), "cannot create model directory '", dir, "'", ec ? ": " + ec.message() : "");
-  const int shards = tiny_model_shards(o);
+  const int shards = shards_for(o, total);
   auto shard_name = [&](int s) {
     char buf[64];
     std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", s + 1, shards);

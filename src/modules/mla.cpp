@@ -347,7 +347,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   };
   const int64_t appending =
       std::count_if(seqs.begin(), seqs.end(), [](const MlaSequence& s) { return s.num_tokens > 0; });
-  Tensor latent = kva;  // [T, dc + dr]: the rows made at once, when several sequences append
+  Tensor latent;  // [T, dc + dr]: the rows made at once, when several sequences append
   if (appending > 1) {
     latent = Tensor::empty({T, dc + dr}, DType::kBF16, device());
     make_latent(kva, latent, positions);
