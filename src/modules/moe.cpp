@@ -335,26 +335,31 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   Tensor rows = Tensor::empty({R}, DType::kI32, dev), slot = Tensor::empty({T, K}, DType::kI32, dev);
   profile.emplace("moe.group");
   ops::moe_group(ids, E, offsets, rows, slot, stream);
-  profile.emplace("moe.offsets_to_host");  // waits for the device
-  const std::vector<int64_t> offsets_host = ops::moe_offsets_to_host(offsets, stream);
-  // On CUDA an id outside [0, E) (a routing bug) is skipped by moe_group and shows here.
-  LOCUS_CHECK(offsets_host[E] == R, "MoE '", name(), "': ", R - offsets_host[E], " of ", R,
-              " routed (token, expert) pairs had an expert id outside [0, ", E, ")");
+  // The expert launches need the offsets on the host. Their copy is queued now, and the work that
+  // does not need them (the gather, the shared expert) is queued behind it before the host waits,
+  // so the device is busy while the host waits and then enqueues the experts.
+  ops::MoeOffsetsReadback offsets_readback(offsets, stream);
 
   profile.emplace("moe.gather");
   Tensor xg = Tensor::empty({R, H}, DType::kBF16, dev);
   ops::moe_gather(x, rows, xg, stream);
+  Tensor shared;
+  if (shared_) {
+    profile.emplace("moe.shared");
+    shared = Tensor::empty({T, H}, DType::kBF16, dev);
+    shared_->forward(x, shared, stream);
+  }
+  profile.emplace("moe.offsets_wait");  // waits for the device: the copy queued after the group
+  const std::vector<int64_t> offsets_host = offsets_readback.wait();
+  // On CUDA an id outside [0, E) (a routing bug) is skipped by moe_group and shows here.
+  LOCUS_CHECK(offsets_host[E] == R, "MoE '", name(), "': ", R - offsets_host[E], " of ", R,
+              " routed (token, expert) pairs had an expert id outside [0, ", E, ")");
+
   Tensor hg = Tensor::empty({R, I}, DType::kBF16, dev);
   Tensor og = Tensor::empty({R, H}, DType::kFP32, dev);
   profile.emplace("moe.experts");
   run_experts(xg, offsets_host, hg, og, stream);
-  profile.emplace("moe.shared_and_combine");
-
-  Tensor shared;
-  if (shared_) {
-    shared = Tensor::empty({T, H}, DType::kBF16, dev);
-    shared_->forward(x, shared, stream);
-  }
+  profile.emplace("moe.combine");
   ops::moe_combine(og, slot, w, shared, y, stream);
 }
 

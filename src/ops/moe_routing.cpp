@@ -7,6 +7,7 @@
 #include "core/tensor_checks.h"
 #if defined(LOCUS_WITH_CUDA)
 #include "backends/cuda/cuda_moe_ops.h"
+#include "backends/cuda/host_readback.h"
 #endif
 
 namespace locus::ops {
@@ -117,22 +118,41 @@ void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, co
 #endif
 }
 
-std::vector<int64_t> moe_offsets_to_host(const Tensor& offsets, const Stream& stream) {
+struct MoeOffsetsReadback::Pending {
+#if defined(LOCUS_WITH_CUDA)
+  cuda::HostReadback copy;
+#endif
+};
+
+MoeOffsetsReadback::MoeOffsetsReadback(const Tensor& offsets, const Stream& stream) : offsets_(offsets) {
   const char* op = "moe_offsets_to_host";
   checks::rank(op, "offsets", offsets, 1);
   checks::dtype(op, "offsets", offsets, {DType::kI32});
-  Tensor host = offsets;
-  if (!offsets.device().is_cpu()) {
+  if (offsets.device().is_cpu()) return;
 #if defined(LOCUS_WITH_CUDA)
-    host = Tensor::empty(offsets.shape(), DType::kI32);
-    cuda::copy_to_host_ordered(offsets, host, stream.native);
+  pending_ = std::make_unique<Pending>(Pending{cuda::HostReadback(offsets, stream.native)});
 #else
-    no_cuda_backend(op, offsets);
+  no_cuda_backend(op, offsets);
 #endif
+}
+
+MoeOffsetsReadback::~MoeOffsetsReadback() = default;
+
+std::vector<int64_t> MoeOffsetsReadback::wait() {
+  std::vector<int64_t> out(static_cast<size_t>(offsets_.size(0)));
+  if (!pending_) {
+    for (int64_t e = 0; e < offsets_.size(0); ++e) out[e] = offsets_.data<int32_t>()[e * offsets_.stride(0)];
+    return out;
   }
-  std::vector<int64_t> out(static_cast<size_t>(host.size(0)));
-  for (int64_t e = 0; e < host.size(0); ++e) out[e] = host.data<int32_t>()[e * host.stride(0)];
+#if defined(LOCUS_WITH_CUDA)
+  const auto* host = static_cast<const int32_t*>(pending_->copy.wait());
+  for (size_t e = 0; e < out.size(); ++e) out[e] = host[e];
+#endif
   return out;
+}
+
+std::vector<int64_t> moe_offsets_to_host(const Tensor& offsets, const Stream& stream) {
+  return MoeOffsetsReadback(offsets, stream).wait();
 }
 
 void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, const Stream& stream) {

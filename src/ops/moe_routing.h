@@ -1,6 +1,7 @@
 // MoE routing (DeepSeek V3 noaux_tc and V2-style softmax) and the token permutation helpers
 // the grouped expert GEMMs need.
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "core/stream.h"
@@ -55,9 +56,27 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRou
 void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,
                const Stream& stream = {});
 
-// moe_group's offsets [E + 1] (i32, any device) on the host. On CUDA the copy is queued on
-// `stream` after the work already there and waited for: a host synchronization, so it cannot be
-// part of a CUDA graph (a capturing stream is an Error that says so).
+// moe_group's offsets [E + 1] (i32, any device) read back to the host without draining the
+// stream first: the constructor queues the copy on `stream` after the work already there and
+// returns; wait() blocks until it is done. Work queued on the stream in between (the MoE queues the
+// gather and the shared expert there) keeps the device busy while the host waits. On the CPU the
+// offsets are read at once. A host read cannot be part of a CUDA graph: on CUDA a capturing
+// stream is an Error that says so.
+class MoeOffsetsReadback {
+ public:
+  explicit MoeOffsetsReadback(const Tensor& offsets, const Stream& stream = {});
+  ~MoeOffsetsReadback();  // waits for a copy still in flight
+  MoeOffsetsReadback(const MoeOffsetsReadback&) = delete;
+  MoeOffsetsReadback& operator=(const MoeOffsetsReadback&) = delete;
+  std::vector<int64_t> wait();
+
+ private:
+  struct Pending;  // the backend's copy in flight (moe_routing.cpp)
+  Tensor offsets_;  // CPU offsets (read at once), or the CUDA ones being copied
+  std::unique_ptr<Pending> pending_;
+};
+
+// MoeOffsetsReadback(offsets, stream).wait(): the copy, waited for at once.
 std::vector<int64_t> moe_offsets_to_host(const Tensor& offsets, const Stream& stream = {});
 
 // y[i, :] = x[rows[i], :] for i in [0, R): gathers the tokens routed to each expert into

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -237,6 +238,44 @@ TEST(CudaMoeOps, GroupSkipsOutOfRangeDeviceIds) {
   EXPECT_EQ(values(got.offsets), offsets);
   EXPECT_EQ(values(got.rows), rows);
   EXPECT_EQ(values(got.slot), slot);
+}
+
+// The offsets' read-back waits only for the work queued before it: with about 30 ms of writes
+// queued after it, wait() returns the grouping's offsets while those writes still run. Several
+// read-backs in flight at once each get their own pinned block.
+TEST(CudaMoeOps, OffsetsReadbackDoesNotWaitForLaterWork) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const int64_t T = 64, K = 8, E = 256;
+  const Tensor ids = random_ids(T, K, E, seed);
+  const Grouping want = group_on(ids, E, Device::cpu());
+  cudaStream_t raw = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  const Stream stream{Device::cuda(0), raw};
+  Tensor big = Tensor::empty({int64_t{1} << 30}, DType::kU8, Device::cuda(0));
+  {
+    const Tensor ids_gpu = to_gpu(ids);
+    std::vector<Tensor> offsets;
+    std::vector<std::unique_ptr<ops::MoeOffsetsReadback>> reads;
+    for (int i = 0; i < 3; ++i) {
+      offsets.push_back(Tensor::empty({E + 1}, DType::kI32, Device::cuda(0)));
+      Tensor rows = Tensor::empty({T * K}, DType::kI32, Device::cuda(0));
+      Tensor slot = Tensor::empty({T, K}, DType::kI32, Device::cuda(0));
+      ops::moe_group(ids_gpu, E, offsets.back(), rows, slot, stream);
+      reads.push_back(std::make_unique<ops::MoeOffsetsReadback>(offsets.back(), stream));
+    }
+    for (int i = 0; i < 100; ++i)
+      ASSERT_EQ(cudaMemsetAsync(big.data_ptr(), i, static_cast<size_t>(big.nbytes()), raw), cudaSuccess);
+    for (auto& r : reads) {
+      const std::vector<int64_t> got = r->wait();
+      ASSERT_EQ(got.size(), static_cast<size_t>(E + 1));
+      for (int64_t e = 0; e <= E; ++e) EXPECT_EQ(got[e], want.offsets.data<int32_t>()[e]) << e;
+    }
+    EXPECT_EQ(cudaStreamQuery(raw), cudaErrorNotReady) << "the read-back waited for the writes queued after it";
+  }
+  ASSERT_EQ(cudaStreamSynchronize(raw), cudaSuccess);
+  cudaStreamDestroy(raw);
 }
 
 TEST(CudaMoeOps, GatherIsBitIdenticalToCpuAndZeroFillsBadDeviceRows) {

@@ -24,9 +24,4 @@ void moe_gather(const Tensor& x, const Tensor& rows, const Tensor& y, void* stre
 void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& weights, const Tensor& shared,
                  const Tensor& y, void* stream);
 
-// Copies a contiguous device tensor into a CPU tensor of the same size, ordered after the work
-// queued on `stream`, and waits for it. Throws when `stream` is being captured into a CUDA graph
-// (a host read cannot be captured).
-void copy_to_host_ordered(const Tensor& src, const Tensor& dst, void* stream);
-
 }  // namespace locus::cuda

@@ -141,21 +141,4 @@ void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, co
   LOCUS_CUDA_CHECK_LAUNCH("moe_group place kernel launch");
 }
 
-void copy_to_host_ordered(const Tensor& src, const Tensor& dst, void* stream) {
-  LOCUS_CHECK(src.device().is_cuda() && dst.device().is_cpu() && src.is_contiguous() && dst.is_contiguous() &&
-                  src.nbytes() == dst.nbytes(),
-              "copy_to_host_ordered: needs a contiguous CUDA source and a contiguous CPU destination of the same size, "
-              "got ", src.describe(), " and ", dst.describe());
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream), &capturing));
-  LOCUS_CHECK(capturing == cudaStreamCaptureStatusNone,
-              "reading ", src.describe(), " back to the host needs a synchronization, which a CUDA graph capture "
-              "cannot contain (MoE on CUDA reads its expert offsets on the host: not capturable yet)");
-  if (src.nbytes() == 0) return;
-  use_device(src.device().index);
-  LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToHost,
-                                   as_stream(stream)));
-  LOCUS_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
-}
-
 }  // namespace locus::cuda

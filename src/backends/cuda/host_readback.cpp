@@ -1,0 +1,114 @@
+// HostReadback: pinned blocks and their events, kept in a pool and reused, since pinning host
+// memory costs far more than the small copies (expert offsets, a few hundred bytes) it serves.
+#include "backends/cuda/host_readback.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+
+namespace locus::cuda {
+
+struct HostReadback::Slot {
+  void* host = nullptr;
+  size_t bytes = 0;
+  int device = -1;
+  cudaEvent_t done = nullptr;  // recorded on the copy's stream after the copy
+};
+
+namespace {
+
+using Slot = HostReadback::Slot;
+
+class SlotPool {
+ public:
+  Slot* acquire(size_t bytes, int device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i]->device == device && free_[i]->bytes >= bytes) {
+          Slot* s = free_[i];
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+          return s;
+        }
+      }
+    }
+    auto* s = new Slot();
+    s->bytes = std::max<size_t>(bytes, 4096);
+    s->device = device;
+    cudaError_t err = cudaHostAlloc(&s->host, s->bytes, cudaHostAllocDefault);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      if (s->host) cudaFreeHost(s->host);
+      delete s;
+      LOCUS_CUDA_CHECK_NAMED(err, "allocating a pinned block for a device-to-host copy");
+    }
+    return s;
+  }
+  void release(Slot* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Slot*> free_;
+};
+
+SlotPool& pool() {
+  static auto* p = new SlotPool();  // never destroyed: blocks may be in use during static teardown
+  return *p;
+}
+
+}  // namespace
+
+HostReadback::HostReadback(const Tensor& src, void* stream) {
+  LOCUS_CHECK(src.device().is_cuda() && src.is_contiguous(), "HostReadback: needs a contiguous CUDA tensor, got ",
+              src.describe());
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LOCUS_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  LOCUS_CHECK(capturing == cudaStreamCaptureStatusNone, "reading ", src.describe(),
+              " back to the host needs a synchronization, which a CUDA graph capture cannot contain "
+              "(MoE on CUDA reads its expert offsets on the host: not capturable yet)");
+  if (src.nbytes() == 0) return;
+  use_device(src.device().index);
+  slot_ = pool().acquire(src.nbytes(), src.device().index);
+  cudaError_t err = cudaMemcpyAsync(slot_->host, src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToHost, s);
+  if (err == cudaSuccess) err = cudaEventRecord(slot_->done, s);
+  if (err != cudaSuccess) {
+    release();
+    LOCUS_CUDA_CHECK_NAMED(err, "queueing the copy of " + src.describe() + " to the host");
+  }
+}
+
+HostReadback::~HostReadback() { release(); }
+
+HostReadback::HostReadback(HostReadback&& other) noexcept : slot_(std::exchange(other.slot_, nullptr)) {}
+
+HostReadback& HostReadback::operator=(HostReadback&& other) noexcept {
+  if (this != &other) {
+    release();
+    slot_ = std::exchange(other.slot_, nullptr);
+  }
+  return *this;
+}
+
+const void* HostReadback::wait() {
+  if (slot_ == nullptr) return nullptr;
+  LOCUS_CUDA_CHECK_NAMED(cudaEventSynchronize(slot_->done), "waiting for a device-to-host copy");
+  return slot_->host;
+}
+
+void HostReadback::release() noexcept {
+  if (slot_ == nullptr) return;
+  // A copy in flight still writes the block: wait for it before another copy may use it.
+  cudaEventSynchronize(slot_->done);
+  pool().release(std::exchange(slot_, nullptr));
+}
+
+}  // namespace locus::cuda
