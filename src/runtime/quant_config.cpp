@@ -1,6 +1,5 @@
 #include "runtime/quant_config.h"
 
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -70,6 +69,10 @@ std::string QuantConfig::excluding_pattern(const std::string& module) const {
 
 bool QuantConfig::is_quantized(const std::string& module) const {
   return quantized() && excluding_pattern(module).empty();
+}
+
+std::vector<std::string> deepseek_nvfp4_bf16_modules() {
+  return {"lm_head", "model.layers.*.self_attn*", "model.layers.*.mlp.gate"};
 }
 
 QuantConfig parse_hf_quant_config(const json& j, const std::string& source) {

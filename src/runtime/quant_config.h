@@ -7,7 +7,6 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
-
 #include <vector>
 
 namespace locus::runtime {
@@ -35,6 +34,11 @@ struct QuantConfig {
   std::string excluding_pattern(const std::string& module) const;
 };
 
+
+// The modules that ModelOpt's NVFP4 exports of DeepSeek-V3/R1 keep in BF16 (nvidia/DeepSeek-R1-FP4):
+// lm_head, and every layer's attention and router gate; as patterns over module names. A real
+// export lists them layer by layer (make-tiny-model --nvfp4 writes them so); these cover any depth.
+std::vector<std::string> deepseek_nvfp4_bf16_modules();
 
 // Parses the two JSON forms; `source` names the file in errors. Errors: unsupported quant_algo or
 // quant_method (named), group_size other than 16 for NVFP4, wrong JSON types (key named).

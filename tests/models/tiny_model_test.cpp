@@ -116,12 +116,16 @@ TEST(TinyModel, Nvfp4CheckpointFollowsModelOpt) {
   runtime::QuantConfig q = runtime::load_quant_config(nv_dir.path());
   EXPECT_NE(q.source.find("hf_quant_config.json"), std::string::npos);
   EXPECT_EQ(q.algo, runtime::QuantAlgo::kNvfp4);
+  // The depth-free patterns `locus plan --quant nvfp4` uses split the modules the same way.
+  runtime::QuantConfig patterns = q;
+  patterns.exclude_modules = runtime::deepseek_nvfp4_bf16_modules();
   for (const TinyTensorSpec& s : tiny_model_tensor_specs(o)) {
     const std::string suffix = ".weight";
     if (s.name.size() < suffix.size() || s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     const std::string module = s.name.substr(0, s.name.size() - suffix.size());
     if (module.find("norm") != std::string::npos || module == "model.embed_tokens") continue;
     EXPECT_EQ(q.is_quantized(module), s.dtype == DType::kU8) << module;
+    EXPECT_EQ(patterns.is_quantized(module), s.dtype == DType::kU8) << module;
   }
   const DeepseekV3Config c = load_deepseek_v3_config(nv_dir.path());
   runtime::QuantConfig q2 = runtime::parse_quantization_config(c.quantization_config, "config.json");

@@ -78,6 +78,16 @@ locus::locality::DeepseekShapes shapes_from_config(const locus::models::Deepseek
   return s;
 }
 
+// --quant Q: the Linear layers in Q, except those ModelOpt's NVFP4 exports keep in BF16 (lm_head,
+// attention, router gates), so that the plan and its decode floor match such a checkpoint.
+std::function<QuantKind(const std::string&)> flag_quant_of(const std::string& name) {
+  const QuantKind q = locus::locality::quant_kind_from_name(name);
+  locus::runtime::QuantConfig bf16_kept;
+  bf16_kept.algo = locus::runtime::QuantAlgo::kNvfp4;
+  bf16_kept.exclude_modules = locus::runtime::deepseek_nvfp4_bf16_modules();
+  return [q, bf16_kept](const std::string& m) { return bf16_kept.is_quantized(m) ? q : QuantKind::kBF16; };
+}
+
 int run_plan(const PlanOptions& opt, const std::vector<CLI::Option*>& shape_opts, CLI::Option* quant_opt) {
   locus::locality::DeepseekShapes shapes = opt.shapes;
   std::function<QuantKind(const std::string&)> quant_of;
@@ -88,17 +98,14 @@ int run_plan(const PlanOptions& opt, const std::vector<CLI::Option*>& shape_opts
       if (shape_opts[i]->count() > 0) shapes.*(kShapeFlags[i].field) = opt.shapes.*(kShapeFlags[i].field);
     }
     if (quant_opt->count() > 0) {
-      const QuantKind q = locus::locality::quant_kind_from_name(opt.quant);
-      quant_of = [q](const std::string& m) { return m == "lm_head" || m.ends_with(".mlp.gate") ? QuantKind::kBF16 : q; };
+      quant_of = flag_quant_of(opt.quant);
     } else {
       auto qc = std::make_shared<locus::runtime::QuantConfig>(locus::runtime::load_quant_config(opt.model_dir));
       quant_of = [qc](const std::string& m) { return qc->is_quantized(m) ? QuantKind::kNVFP4 : QuantKind::kBF16; };
     }
     std::cout << "model: " << opt.model_dir << "\n";
   } else {
-    const QuantKind q = locus::locality::quant_kind_from_name(opt.quant);
-    // Checkpoints keep the router gate and lm_head in bf16 (ModelOpt excludes them).
-    quant_of = [q](const std::string& m) { return m == "lm_head" || m.ends_with(".mlp.gate") ? QuantKind::kBF16 : q; };
+    quant_of = flag_quant_of(opt.quant);
   }
 
   locus::Device device = locus::Device::cpu();
