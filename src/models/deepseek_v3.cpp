@@ -159,6 +159,14 @@ DeepseekV3Cache DeepseekV3ForCausalLM::new_cache(int64_t capacity) const {
 
 Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bool all_logits, modules::MlaPath path,
                                       const Stream& stream) {
+  Tensor logits = forward_on_device(batch, all_logits, path, stream);
+  // The sampler reads the logits on the host. The copy waits for the device (cuda_hooks.cpp).
+  HostProfileScope copy_profile("lm_head.logits_to_host");
+  return logits.device().is_cpu() ? logits : logits.to(Device::cpu());
+}
+
+Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>& batch, bool all_logits,
+                                                modules::MlaPath path, const Stream& stream) {
   LOCUS_CHECK(!batch.empty(), "DeepseekV3ForCausalLM::forward: empty batch");
   const LifecycleState st = state();
   LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
@@ -241,9 +249,7 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
   norm_->forward(rows, normed, stream);
   Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, dev);
   lm_head_->forward(normed, logits, stream);
-  // The sampler reads the logits on the host. The copy waits for the device (cuda_hooks.cpp).
-  HostProfileScope copy_profile("lm_head.logits_to_host");
-  return dev.is_cpu() ? logits : logits.to(Device::cpu());
+  return logits;
 }
 
 }  // namespace locus::models

@@ -68,6 +68,10 @@ class DeepseekV3ForCausalLM : public modules::Module {
   // device's default stream) and the logits come back in one copy, which waits for the device.
   Tensor forward(const std::vector<SequenceStep>& batch, bool all_logits = false,
                  modules::MlaPath path = modules::MlaPath::kAuto, const Stream& stream = {});
+  // forward() with the logits left on the model's device, for a caller that reduces them there
+  // first (greedy decoding brings back one index per sequence). On the CPU it is forward().
+  Tensor forward_on_device(const std::vector<SequenceStep>& batch, bool all_logits = false,
+                           modules::MlaPath path = modules::MlaPath::kAuto, const Stream& stream = {});
 
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   modules::Embedding& embed_tokens() { return *embed_; }

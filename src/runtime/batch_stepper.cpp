@@ -54,16 +54,26 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     batch.push_back({s->next, &kv_.cache(s->cache_id)});
     (s->prefilled ? st.decode_tokens : st.prompt_tokens) += static_cast<int64_t>(s->next.size());
   }
+  // A step whose sequences all decode greedily finds the tokens where the logits lie and brings
+  // back one index per sequence; otherwise the samplers read the whole logits on the host.
+  const bool greedy = std::all_of(seqs_.begin(), seqs_.end(), [](const auto& s) { return s->sampler.params().greedy(); });
   Tensor logits;
   {
     HostProfileScope profile(st.prompt_tokens > 0 ? "step (with prompts)" : "step (decode)");
-    logits = model_.forward(batch);  // on failure the caches are as before: nothing changed
+    logits = model_.forward_on_device(batch);  // on failure the caches are as before: nothing changed
   }
   const int64_t vocab = model_.config().vocab_size;
   try {
+    std::vector<int32_t> greedy_tokens;
+    {
+      HostProfileScope profile("sampling (logits or greedy tokens to the host)");
+      if (greedy) greedy_tokens = argmax_rows(logits);
+      else if (!logits.device().is_cpu()) logits = logits.to(Device::cpu());
+    }
     for (size_t i = 0; i < seqs_.size(); ++i) {
       Sequence& s = *seqs_[i];
-      const int32_t t = s.sampler.sample(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab);
+      const int32_t t = greedy ? greedy_tokens[i]
+                               : s.sampler.sample(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab);
       s.result.tokens.push_back(t);
       s.next = {t};
       s.prefilled = true;

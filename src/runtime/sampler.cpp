@@ -6,6 +6,8 @@
 #include <sstream>
 #include <vector>
 
+#include "ops/softmax_topk.h"
+
 namespace locus::runtime {
 
 void SamplingParams::validate() const {
@@ -32,6 +34,29 @@ int32_t argmax(const float* logits, int64_t vocab) {
   }
   LOCUS_CHECK(best >= 0, "argmax: every one of the ", vocab, " logits is NaN");
   return static_cast<int32_t>(best);
+}
+
+std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream) {
+  LOCUS_CHECK(logits.defined() && logits.dtype() == DType::kFP32 && logits.dim() == 2 && logits.size(1) > 0,
+              "argmax_rows: logits must be fp32 [rows, vocab] with vocab > 0, got ",
+              logits.defined() ? logits.describe() : std::string("an undefined tensor"));
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  // Indices and values in one buffer, so that one copy brings both back.
+  Tensor both = Tensor::empty({2 * rows}, DType::kI32, logits.device());
+  auto* base = static_cast<int32_t*>(both.data_ptr());
+  const Tensor indices = Tensor::from_blob(base, {rows, 1}, DType::kI32, logits.device());
+  const Tensor values = Tensor::from_blob(base + rows, {rows, 1}, DType::kFP32, logits.device());
+  ops::topk(logits, 1, values, indices, stream);
+  const Tensor host = logits.device().is_cpu() ? both : both.to(Device::cpu());
+  const int32_t* index = host.data<int32_t>();
+  const float* value = reinterpret_cast<const float*>(index + rows);
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    // topk lets a NaN win only where nothing else is left.
+    LOCUS_CHECK(!std::isnan(value[r]), "argmax: every one of the ", vocab, " logits is NaN");
+    out[static_cast<size_t>(r)] = index[r];
+  }
+  return out;
 }
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) { params_.validate(); }

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "core/stream.h"
 #include "core/tensor.h"
 
 namespace locus::runtime {
@@ -26,6 +28,12 @@ struct SamplingParams {
 // Index of the largest logit; ties pick the lower index; NaN never wins. Throws when every
 // logit is NaN or vocab is 0.
 int32_t argmax(const float* logits, int64_t vocab);
+
+// argmax() of every row of fp32 logits [rows, vocab] on any device, found where the logits lie
+// (ops::topk with k = 1), so that only the winners' indices and values come back to the host: a
+// greedy decode step then copies a few bytes per sequence instead of its whole logits row. The
+// same tokens as argmax() row by row, and the same error for a row that is all NaN.
+std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream = {});
 
 class Sampler {
  public:

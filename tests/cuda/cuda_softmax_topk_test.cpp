@@ -10,6 +10,7 @@
 #include "ops/fp64_reference.h"
 #include "ops/norm.h"
 #include "ops/softmax_topk.h"
+#include "runtime/sampler.h"
 
 namespace locus::testing {
 namespace {
@@ -125,6 +126,25 @@ TEST(CudaTopk, MatchesCpuBitForBitForSmallAndLargeK) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " shape " << shape_to_string(c.shape) << " k " << c.k);
     expect_topk_matches_cpu(tied_values(c.shape, c.x, seed), c.k, c.values, c.indices, c.strided_out);
+  }
+}
+
+// Greedy decoding's reduction on the device: the same tokens as the host's argmax() over the
+// vocabulary, ties to the lower index, NaN never winning; an all-NaN row is the host's error.
+TEST(CudaArgmaxRows, MatchesHostArgmax) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (const Shape& shape : {Shape{1, 129280}, Shape{8, 129280}, Shape{3, 7}}) {
+    SCOPED_TRACE(shape_to_string(shape));
+    Tensor host = tied_values(shape, DType::kFP32, seed + shape[0]);
+    host.data<float>()[0] = NAN;
+    const std::vector<int32_t> got = runtime::argmax_rows(host.to(Device::cuda(0)));
+    ASSERT_EQ(got.size(), static_cast<size_t>(shape[0]));
+    for (int64_t r = 0; r < shape[0]; ++r)
+      EXPECT_EQ(got[r], runtime::argmax(host.data<float>() + r * shape[1], shape[1])) << r;
+    for (int64_t c = 0; c < shape[1]; ++c) host.data<float>()[c] = NAN;
+    EXPECT_THROW(runtime::argmax_rows(host.to(Device::cuda(0))), Error);
   }
 }
 

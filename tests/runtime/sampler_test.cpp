@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
+#include "test_util.h"
 
 namespace locus::runtime {
 namespace {
@@ -34,6 +37,49 @@ TEST(Sampler, GreedyPicksArgmaxLowerIndexOnTiesAndSkipsNaN) {
   EXPECT_EQ(s.sample(nan_first.data(), 3), 2);
   std::vector<float> all_nan = {NAN, NAN};
   EXPECT_THROW(s.sample(all_nan.data(), 2), Error);
+}
+
+// Logits [rows, vocab] with every case argmax() distinguishes: random rows with repeated maxima
+// (values on a coarse grid), NaN first, -0 against +0, +inf twice, all -inf.
+Tensor special_logits(int64_t vocab, uint64_t seed) {
+  const int64_t rows = 8;
+  Tensor t = Tensor::empty({rows, vocab}, DType::kFP32);
+  float* p = t.data<float>();
+  std::mt19937_64 rng(seed);
+  for (int64_t i = 0; i < rows * vocab; ++i) p[i] = static_cast<float>(static_cast<int>(rng() % 64) - 40) * 0.25f;
+  float* nan_first = p + 4 * vocab;
+  nan_first[0] = NAN;
+  nan_first[vocab - 1] = 100.f;
+  float* zeros = p + 5 * vocab;
+  for (int64_t i = 0; i < vocab; ++i) zeros[i] = -1.f;
+  zeros[2] = -0.f;
+  zeros[1] = 0.f;
+  float* inf = p + 6 * vocab;
+  inf[vocab / 2] = inf[vocab / 3] = INFINITY;
+  float* neg = p + 7 * vocab;
+  for (int64_t i = 0; i < vocab; ++i) neg[i] = -INFINITY;
+  return t;
+}
+
+TEST(Sampler, ArgmaxRowsIsArgmaxRowByRow) {
+  const uint64_t seed = locus::testing::fresh_seed();
+  SCOPED_TRACE(seed);
+  for (int64_t vocab : {int64_t{4}, int64_t{5}, int64_t{1000}, int64_t{129280}}) {
+    SCOPED_TRACE(vocab);
+    const Tensor l = special_logits(vocab, seed + vocab);
+    const std::vector<int32_t> got = argmax_rows(l);
+    ASSERT_EQ(got.size(), static_cast<size_t>(l.size(0)));
+    for (int64_t r = 0; r < l.size(0); ++r) EXPECT_EQ(got[r], argmax(l.data<float>() + r * l.size(1), l.size(1))) << r;
+  }
+  Tensor all_nan = special_logits(16, seed);
+  for (int64_t i = 0; i < 16; ++i) all_nan.data<float>()[3 * 16 + i] = NAN;
+  EXPECT_THROW(
+      try { argmax_rows(all_nan); } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("every one of the 16 logits is NaN"), std::string::npos) << e.what();
+        throw;
+      },
+      Error);
+  EXPECT_THROW(argmax_rows(Tensor::empty({2, 3}, DType::kBF16)), Error);
 }
 
 TEST(Sampler, TopK1AndTinyTopPAreGreedy) {
