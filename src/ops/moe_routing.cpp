@@ -7,7 +7,6 @@
 #include "core/tensor_checks.h"
 #if defined(LOCUS_WITH_CUDA)
 #include "backends/cuda/cuda_moe_ops.h"
-#include "backends/cuda/host_readback.h"
 #endif
 
 namespace locus::ops {
@@ -118,36 +117,23 @@ void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, co
 #endif
 }
 
-struct MoeOffsetsReadback::Pending {
-#if defined(LOCUS_WITH_CUDA)
-  cuda::HostReadback copy;
-#endif
-};
+namespace {
 
-MoeOffsetsReadback::MoeOffsetsReadback(const Tensor& offsets, const Stream& stream) : offsets_(offsets) {
-  const char* op = "moe_offsets_to_host";
-  checks::rank(op, "offsets", offsets, 1);
-  checks::dtype(op, "offsets", offsets, {DType::kI32});
-  if (offsets.device().is_cpu()) return;
-#if defined(LOCUS_WITH_CUDA)
-  pending_ = std::make_unique<Pending>(Pending{cuda::HostReadback(offsets, stream.native)});
-#else
-  no_cuda_backend(op, offsets);
-#endif
+const Tensor& checked_offsets(const Tensor& offsets) {
+  checks::rank("moe_offsets_to_host", "offsets", offsets, 1);
+  checks::dtype("moe_offsets_to_host", "offsets", offsets, {DType::kI32});
+  return offsets;
 }
 
-MoeOffsetsReadback::~MoeOffsetsReadback() = default;
+}  // namespace
+
+MoeOffsetsReadback::MoeOffsetsReadback(const Tensor& offsets, const Stream& stream)
+    : copy_(checked_offsets(offsets), stream) {}
 
 std::vector<int64_t> MoeOffsetsReadback::wait() {
-  std::vector<int64_t> out(static_cast<size_t>(offsets_.size(0)));
-  if (!pending_) {
-    for (int64_t e = 0; e < offsets_.size(0); ++e) out[e] = offsets_.data<int32_t>()[e * offsets_.stride(0)];
-    return out;
-  }
-#if defined(LOCUS_WITH_CUDA)
-  const auto* host = static_cast<const int32_t*>(pending_->copy.wait());
-  for (size_t e = 0; e < out.size(); ++e) out[e] = host[e];
-#endif
+  const Tensor host = copy_.wait();
+  std::vector<int64_t> out(static_cast<size_t>(host.size(0)));
+  for (int64_t e = 0; e < host.size(0); ++e) out[static_cast<size_t>(e)] = host.data<int32_t>()[e];
   return out;
 }
 

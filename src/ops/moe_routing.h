@@ -1,11 +1,11 @@
 // MoE routing (DeepSeek V3 noaux_tc and V2-style softmax) and the token permutation helpers
 // the grouped expert GEMMs need.
 #pragma once
-#include <memory>
 #include <vector>
 
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "ops/host_readback.h"
 
 namespace locus::ops {
 
@@ -56,24 +56,16 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRou
 void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,
                const Stream& stream = {});
 
-// moe_group's offsets [E + 1] (i32, any device) read back to the host without draining the
-// stream first: the constructor queues the copy on `stream` after the work already there and
-// returns; wait() blocks until it is done. Work queued on the stream in between (the MoE queues the
-// gather and the shared expert there) keeps the device busy while the host waits. On the CPU the
-// offsets are read at once. A host read cannot be part of a CUDA graph: on CUDA a capturing
-// stream is an Error that says so.
+// moe_group's offsets [E + 1] (i32, any device, contiguous) read back to the host without
+// draining the stream first (ops/host_readback.h): the constructor queues the copy, wait() blocks
+// until it is done and returns them.
 class MoeOffsetsReadback {
  public:
   explicit MoeOffsetsReadback(const Tensor& offsets, const Stream& stream = {});
-  ~MoeOffsetsReadback();  // waits for a copy still in flight
-  MoeOffsetsReadback(const MoeOffsetsReadback&) = delete;
-  MoeOffsetsReadback& operator=(const MoeOffsetsReadback&) = delete;
   std::vector<int64_t> wait();
 
  private:
-  struct Pending;  // the backend's copy in flight (moe_routing.cpp)
-  Tensor offsets_;  // CPU offsets (read at once), or the CUDA ones being copied
-  std::unique_ptr<Pending> pending_;
+  HostReadback copy_;
 };
 
 // MoeOffsetsReadback(offsets, stream).wait(): the copy, waited for at once.

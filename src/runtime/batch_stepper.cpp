@@ -1,9 +1,11 @@
 #include "runtime/batch_stepper.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 #include "core/host_profile.h"
+#include "ops/host_readback.h"
 
 namespace locus::runtime {
 
@@ -65,10 +67,15 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
   const int64_t vocab = model_.config().vocab_size;
   try {
     std::vector<int32_t> greedy_tokens;
+    std::optional<ops::HostReadback> logits_back;  // holds the host copy of the logits
     {
       HostProfileScope profile("sampling (logits or greedy tokens to the host)");
-      if (greedy) greedy_tokens = argmax_rows(logits);
-      else if (!logits.device().is_cpu()) logits = logits.to(Device::cpu());
+      if (greedy) {
+        greedy_tokens = argmax_rows(logits);
+      } else {
+        logits_back.emplace(logits);
+        logits = logits_back->wait();
+      }
     }
     for (size_t i = 0; i < seqs_.size(); ++i) {
       Sequence& s = *seqs_[i];

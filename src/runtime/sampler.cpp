@@ -6,6 +6,7 @@
 #include <sstream>
 #include <vector>
 
+#include "ops/host_readback.h"
 #include "ops/softmax_topk.h"
 
 namespace locus::runtime {
@@ -47,7 +48,8 @@ std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream) {
   const Tensor indices = Tensor::from_blob(base, {rows, 1}, DType::kI32, logits.device());
   const Tensor values = Tensor::from_blob(base + rows, {rows, 1}, DType::kFP32, logits.device());
   ops::topk(logits, 1, values, indices, stream);
-  const Tensor host = logits.device().is_cpu() ? both : both.to(Device::cpu());
+  ops::HostReadback back(both, stream);
+  const Tensor host = back.wait();
   const int32_t* index = host.data<int32_t>();
   const float* value = reinterpret_cast<const float*>(index + rows);
   std::vector<int32_t> out(static_cast<size_t>(rows));

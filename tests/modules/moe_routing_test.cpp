@@ -230,6 +230,14 @@ TEST(MoeGroupTest, HandComputedOrderAndEmptyExperts) {
   EXPECT_EQ(values(d.offsets), (std::vector<int32_t>{0, 0, 2}));
   EXPECT_EQ(values(d.rows), (std::vector<int32_t>{0, 0}));
   EXPECT_EQ(values(d.slot), (std::vector<int32_t>{0, 1}));
+  // The offsets' read-back: on the CPU the values at once, as moe_offsets_to_host gives them.
+  ops::MoeOffsetsReadback back(g.offsets);
+  EXPECT_EQ(back.wait(), (std::vector<int64_t>{0, 3, 3, 4, 6, 6}));
+  EXPECT_EQ(ops::moe_offsets_to_host(g.offsets), (std::vector<int64_t>{0, 3, 3, 4, 6, 6}));
+  EXPECT_THROW(ops::MoeOffsetsReadback(g.rows.view({2, 3})), Error);  // rank 2
+  EXPECT_THROW(ops::MoeOffsetsReadback(Tensor::empty({4}, DType::kFP32)), Error);
+  Tensor wide = Tensor::empty({4, 2}, DType::kI32);
+  EXPECT_THROW(ops::HostReadback(wide.select(1, 0)), Error);  // strided
 }
 
 // Random ids against the defining properties: offsets are the running counts; walking the pairs

@@ -1,5 +1,5 @@
 // HostReadback: pinned blocks and their events, kept in a pool and reused, since pinning host
-// memory costs far more than the small copies (expert offsets, a few hundred bytes) it serves.
+// memory costs far more than the copies it serves (expert offsets, a step's logits or tokens).
 #include "backends/cuda/host_readback.h"
 
 #include <cuda_runtime_api.h>
@@ -28,13 +28,19 @@ class SlotPool {
  public:
   Slot* acquire(size_t bytes, int device) {
     {
+      // The smallest free block that fits, so that small copies (offsets) leave the large blocks
+      // (logits rows) to the copies that need them.
       std::lock_guard<std::mutex> lock(mu_);
+      size_t best = free_.size();
       for (size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i]->device == device && free_[i]->bytes >= bytes) {
-          Slot* s = free_[i];
-          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-          return s;
-        }
+        if (free_[i]->device == device && free_[i]->bytes >= bytes &&
+            (best == free_.size() || free_[i]->bytes < free_[best]->bytes))
+          best = i;
+      }
+      if (best < free_.size()) {
+        Slot* s = free_[best];
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+        return s;
       }
     }
     auto* s = new Slot();
