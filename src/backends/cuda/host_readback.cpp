@@ -79,8 +79,7 @@ HostReadback::HostReadback(const Tensor& src, void* stream) {
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
   LOCUS_CHECK(capturing == cudaStreamCaptureStatusNone, "reading ", src.describe(),
-              " back to the host needs a synchronization, which a CUDA graph capture cannot contain "
-              "(MoE on CUDA reads its expert offsets on the host: not capturable yet)");
+              " back to the host needs a synchronization, which a CUDA graph capture cannot contain");
   if (src.nbytes() == 0) return;
   use_device(src.device().index);
   slot_ = pool().acquire(src.nbytes(), src.device().index);
@@ -95,14 +94,6 @@ HostReadback::HostReadback(const Tensor& src, void* stream) {
 HostReadback::~HostReadback() { release(); }
 
 HostReadback::HostReadback(HostReadback&& other) noexcept : slot_(std::exchange(other.slot_, nullptr)) {}
-
-HostReadback& HostReadback::operator=(HostReadback&& other) noexcept {
-  if (this != &other) {
-    release();
-    slot_ = std::exchange(other.slot_, nullptr);
-  }
-  return *this;
-}
 
 const void* HostReadback::wait() {
   if (slot_ == nullptr) return nullptr;

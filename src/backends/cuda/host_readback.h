@@ -8,7 +8,6 @@ namespace locus::cuda {
 
 class HostReadback {
  public:
-  HostReadback() = default;
   // Queues the copy of `src` (contiguous, on a CUDA device) on `stream` after the work already
   // there, into pinned host memory, and returns at once. Throws when `stream` is being captured
   // into a CUDA graph (the host read cannot be captured).
@@ -16,9 +15,9 @@ class HostReadback {
   // Waits for a copy never waited for, so that its pinned block can be handed out again.
   ~HostReadback();
   HostReadback(HostReadback&& other) noexcept;
-  HostReadback& operator=(HostReadback&& other) noexcept;
   HostReadback(const HostReadback&) = delete;
   HostReadback& operator=(const HostReadback&) = delete;
+  HostReadback& operator=(HostReadback&&) = delete;
 
   // Blocks until the copy is done; returns its bytes (src.nbytes() of them), valid while this
   // object lives. nullptr for an empty source.

@@ -83,9 +83,8 @@ locus::locality::DeepseekShapes shapes_from_config(const locus::models::Deepseek
 std::function<QuantKind(const std::string&)> flag_quant_of(const std::string& name) {
   const QuantKind q = locus::locality::quant_kind_from_name(name);
   locus::runtime::QuantConfig bf16_kept;
-  bf16_kept.algo = locus::runtime::QuantAlgo::kNvfp4;
   bf16_kept.exclude_modules = locus::runtime::deepseek_nvfp4_bf16_modules();
-  return [q, bf16_kept](const std::string& m) { return bf16_kept.is_quantized(m) ? q : QuantKind::kBF16; };
+  return [q, bf16_kept](const std::string& m) { return bf16_kept.excluding_pattern(m).empty() ? q : QuantKind::kBF16; };
 }
 
 int run_plan(const PlanOptions& opt, const std::vector<CLI::Option*>& shape_opts, CLI::Option* quant_opt) {
