@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, also into a file
   if (!cuda::device_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;

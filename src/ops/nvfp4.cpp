@@ -20,9 +20,10 @@ void check_quantize_input(const Tensor& w) {
   LOCUS_CHECK(w.device().is_cpu(), op, ": w must be a CPU tensor, got ", w.describe());
   LOCUS_CHECK(w.size(1) % 16 == 0, op, ": K=", w.size(1), " is not a multiple of the block size 16");
   // A non-finite weight would poison its block's scale; name the first one.
-  for (int64_t i = 0; i < w.numel(); ++i) {
+  const int64_t i = cpu::first_non_finite(w, cpu::ThreadPool::global());
+  if (i >= 0) {
     const float v = cpu::detail::load_f32(w.data_ptr(), w.dtype(), cpu::detail::elem_offset(w, i));
-    LOCUS_CHECK(std::isfinite(v), op, ": w[", i / w.size(1), ", ", i % w.size(1), "] = ", v, " is not finite");
+    LOCUS_THROW(op, ": w[", i / w.size(1), ", ", i % w.size(1), "] = ", v, " is not finite");
   }
 }
 
@@ -87,12 +88,12 @@ float nvfp4_global_scale_for(const Tensor& w) {
   checks::defined("nvfp4_global_scale_for", "w", w);
   LOCUS_CHECK(w.device().is_cpu(), "nvfp4_global_scale_for: w must be a CPU tensor, got ", w.describe());
   checks::dtype("nvfp4_global_scale_for", "w", w, {DType::kBF16, DType::kFP32, DType::kFP16});
-  return cpu::nvfp4_global_scale_for(w);
+  return cpu::nvfp4_global_scale_for(w, cpu::ThreadPool::global());
 }
 
 Nvfp4Weight nvfp4_quantize(const Tensor& w) {
   check_quantize_input(w);
-  return cpu::nvfp4_quantize(w, cpu::nvfp4_global_scale_for(w), cpu::ThreadPool::global());
+  return cpu::nvfp4_quantize(w, cpu::nvfp4_global_scale_for(w, cpu::ThreadPool::global()), cpu::ThreadPool::global());
 }
 
 Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale) {

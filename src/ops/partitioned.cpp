@@ -172,7 +172,7 @@ bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards,
 // faster), else the streaming kernel's when LOCUS_STREAM_GEMM_BF16_MAX_M admits M.
 bool cuda_bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                       const std::vector<PartitionSlice>& slices, const Stream& caller,
-                      const std::function<void()>& fork_join) {
+                      const std::function<void(void*)>& fork_join) {
   if (!a.device().is_cuda()) return false;
   const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
   if (cuda::bmm_partitioned_fastest(a, b_shards, y, domains, caller.native, fork_join)) return true;
@@ -188,7 +188,7 @@ bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Te
   return false;
 }
 bool cuda_bmm_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const std::vector<PartitionSlice>&,
-                      const Stream&, const std::function<void()>&) {
+                      const Stream&, const std::function<void(void*)>&) {
   return false;
 }
 #endif
@@ -308,15 +308,17 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
     LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
                 " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
   }
-  const std::vector<Stream> streams = streams_of(slices, caller);
-  auto fork_join = [&] {
-    run_partitioned(caller, streams, [&](int p) {
+  // The fork/join from an origin stream: the caller's, or the one the CUDA path choice times on.
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) {
       const PartitionSlice& s = slices[p];
       bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
     });
   };
-  if (cuda_bmm_domains(a, b_shards, y, slices, caller, fork_join)) return;
-  fork_join();
+  auto fork_join_from = [&](void* native) { fork_join(native == caller.native ? caller : Stream{a.device(), native}); };
+  if (cuda_bmm_domains(a, b_shards, y, slices, caller, fork_join_from)) return;
+  fork_join(caller);
 }
 
 }  // namespace locus::ops

@@ -52,6 +52,15 @@ TEST(GenerateCli, GeneratesAndReportsTokensPerSecond) {
   EXPECT_NE(r.out.find("host time by region"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("step (decode)                   5 calls"), std::string::npos) << r.out;  // not the prefill
   EXPECT_NE(r.out.find("\n  mla "), std::string::npos) << r.out;
+  // --warmup runs the batch once untimed first: the same text, and the figures and the profile
+  // cover the timed run only.
+  const std::string text = r.out.substr(0, r.out.find('\n'));
+  r = run("generate --model " + dir + " --prompt a --max-new-tokens 6 --ignore-eos --quiet --warmup",
+          "LOCUS_HOST_PROFILE=1 ");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), text) << r.out;
+  EXPECT_NE(r.out.find("decode 5 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step (decode)                   5 calls"), std::string::npos) << r.out;
   // A batch of prompts with sampling and locality domains on.
   r = run("generate --model " + dir +
           " --prompt a --prompt 'b c' --max-new-tokens 3 --temperature 0.7 --top-k 5 --top-p 0.9 --seed 4"

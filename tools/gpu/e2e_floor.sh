@@ -8,14 +8,16 @@
 #      the per-token reads the same), BF16 and NVFP4;
 #   3. `locus plan --decode-batch 1,8 --bandwidth-gbs BW`: the weight bytes a decode step reads and
 #      the floor, the tokens/s that reading them at the copy bandwidth allows;
-#   4. `locus generate --backend cuda --ignore-eos` at batch 1 and 8, locality domains off and on
+#   4. `locus generate --backend cuda --ignore-eos --warmup` at batch 1 and 8, locality domains off and on
 #      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1): decode tokens/s and floor / measured
 #      (DESIGN.md section 7: within 1.5x of the floor);
-#   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off;
+#   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
 #   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
 # BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
-# usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"]
+# --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
+# --layers and --experts, e.g. in the background while other work runs).
+# usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"] [--models DIR]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-e2e-floor}"
@@ -24,19 +26,21 @@ BACKEND="${BACKEND:-cuda}"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 source tools/gpu/tiny_model_env.sh  # set_ld_flags
 source tools/gpu/logits_env.sh  # logits_vs_cpu
-layers=3; experts=32; tokens=32; formats="bf16 nvfp4"
+layers=3; experts=32; tokens=32; formats="bf16 nvfp4"; models=""
 while (($#)); do
   case "$1" in
     --layers) layers="$2"; shift ;;
     --experts) experts="$2"; shift ;;
     --tokens) tokens="$2"; shift ;;
     --formats) formats="$2"; shift ;;
+    --models) models="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
 done
 LOG="$OUT/e2e_floor.log"; : > "$LOG"
 TABLE="$OUT/e2e_floor.md"
+PROFILE="$OUT/e2e_profile.md"; : > "$PROFILE"  # appended to the table at the end
 rc=0
 
 bw="${BW_GBS:-}"
@@ -59,16 +63,30 @@ prompts8=("${prompts1[@]}" --prompt "abc" --prompt "DeepSeek" --prompt "x" --pro
   echo "|---|---|---|---|---|---|---|"
 } > "$TABLE"
 
-MODELS="$(mktemp -d)"  # not under $OUT: the checkpoints need not come back
+MODELS="${models:-$(mktemp -d)}"  # not under $OUT: the checkpoints need not come back
 for fmt in $formats; do
   dir="$MODELS/$fmt"
   fmt_flag=(); [[ $fmt == nvfp4 ]] && fmt_flag=(--nvfp4)
   start=$(date +%s)
-  timeout 600 "$CARRY/locus" make-tiny-model "$dir" --shape deepseek-v3 --layers "$layers" --experts "$experts" \
-    --seed 1 "${fmt_flag[@]}" >> "$LOG" 2>&1 || { echo "make-tiny-model $fmt FAILED (see $LOG)"; rc=1; continue; }
-  echo "$fmt model written in $(($(date +%s) - start)) s: $(tail -1 "$LOG")"
+  if [[ -f "$dir/config.json" ]]; then
+    echo "$fmt model: using $dir"
+  else
+    timeout 600 "$CARRY/locus" make-tiny-model "$dir" --shape deepseek-v3 --layers "$layers" --experts "$experts" \
+      --seed 1 "${fmt_flag[@]}" >> "$LOG" 2>&1 || { echo "make-tiny-model $fmt FAILED (see $LOG)"; rc=1; continue; }
+    echo "$fmt model written in $(($(date +%s) - start)) s: $(tail -1 "$LOG")"
+  fi
   plan=$("$CARRY/locus" plan --model "$dir" --decode-batch 1,8 --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
   echo "$plan" >> "$LOG"
+  # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
+  # device inside a region), batch 1, LD off.
+  profile_envs=("")
+  [[ $fmt == nvfp4 ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
+  for envs in "${profile_envs[@]}"; do
+    timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
+      "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --warmup --quiet > "$OUT/profile.out" 2>&1
+    { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
+      sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$PROFILE"
+  done
   # Runs: "label|LD|environment". NVFP4 also with the experts' row-block launches
   # (LOCUS_NVFP4_ROW_BLOCKS=1: experts with equal row counts share a launch; off by default).
   runs=("off|off|" "on|on|")
@@ -84,7 +102,7 @@ for fmt in $formats; do
       prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
       echo "== generate $fmt LD $label batch $batch" >> "$LOG"
       timeout 300 env $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" \
-        --max-new-tokens "$tokens" --ignore-eos --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
+        --max-new-tokens "$tokens" --ignore-eos --warmup --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
       g_rc=$?
       cat "$OUT/generate.out" >> "$LOG"
       # "locus: 8 sequences, ...; decode 248 tokens in 0.255 s (972.5 tok/s); finished: ..."
@@ -97,22 +115,13 @@ for fmt in $formats; do
       echo "generate $fmt LD $label batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
     done
   done
-  # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
-  # device inside a region), batch 1, LD off.
-  profile_envs=("")
-  [[ $fmt == nvfp4 ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
-  for envs in "${profile_envs[@]}"; do
-    timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
-      "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --quiet > "$OUT/profile.out" 2>&1
-    { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
-      sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$TABLE"
-  done
   [[ $BACKEND == cuda ]] || continue
   logits_vs_cpu "$dir" "$fmt" "$LOG" || rc=1
   printf '%s\n' "${logits_results[@]}" | tee -a "$TABLE"
-  rm -rf "$dir"
+  [[ -n "$models" ]] || rm -rf "$dir"
 done
-rm -rf "$MODELS"
+[[ -n "$models" ]] || rm -rf "$MODELS"
+cat "$PROFILE" >> "$TABLE"
 echo "==== $TABLE"
 cat "$TABLE"
 exit "$rc"

@@ -19,7 +19,9 @@ void swiglu(const Tensor& gate_up, const Tensor& y, ThreadPool& pool);
 void bmm(const Tensor& a, const Tensor& b, const Tensor& y, ThreadPool& pool);
 
 // ---- NVFP4 (ModelOpt) ----
-float nvfp4_global_scale_for(const Tensor& w);
+float nvfp4_global_scale_for(const Tensor& w, ThreadPool& pool);
+// The row-major index of w's first non-finite element, -1 when all are finite.
+int64_t first_non_finite(const Tensor& w, ThreadPool& pool);
 ops::Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale, ThreadPool& pool);
 Tensor nvfp4_dequantize(const ops::Nvfp4Weight& w, ThreadPool& pool);
 void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, ThreadPool& pool);

@@ -2,6 +2,7 @@
 // BF16 GEMM (weights dequantized per panel into fp32, then the shared deterministic dot kernel).
 #include <array>
 #include <cmath>
+#include <mutex>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -51,17 +52,47 @@ struct Nvfp4Rows {
 
 }  // namespace
 
-float nvfp4_global_scale_for(const Tensor& w) {
+namespace {
+
+// Calls fn(r, off, k, sc) for each row r of `w` (element offset `off`, `k` elements `sc` apart),
+// rows split over `pool`.
+template <typename Fn>
+void for_each_row(const Tensor& w, ThreadPool& pool, Fn&& fn) {
   const int64_t rows = detail::num_rows(w), k = w.dim() == 0 ? 1 : w.size(-1);
   const int64_t sc = w.dim() == 0 ? 0 : w.stride(-1);
-  float amax = 0.f;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t off = w.dim() <= 1 ? 0 : detail::row_offset(w, r);
+  pool.parallel_for(rows, std::max<int64_t>(1, 65536 / std::max<int64_t>(k, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) fn(r, w.dim() <= 1 ? 0 : detail::row_offset(w, r), k, sc);
+  });
+}
+
+}  // namespace
+
+float nvfp4_global_scale_for(const Tensor& w, ThreadPool& pool) {
+  std::mutex mu;
+  float amax = 0.f;  // a max: the same whatever the split
+  for_each_row(w, pool, [&](int64_t, int64_t off, int64_t k, int64_t sc) {
+    float row_max = 0.f;
     for (int64_t c = 0; c < k; ++c)
-      amax = std::max(amax, std::fabs(detail::load_f32(w.data_ptr(), w.dtype(), off + c * sc)));
-  }
+      row_max = std::max(row_max, std::fabs(detail::load_f32(w.data_ptr(), w.dtype(), off + c * sc)));
+    std::lock_guard<std::mutex> lock(mu);
+    amax = std::max(amax, row_max);
+  });
   if (amax == 0.f) return 1.f;
   return amax / (6.0f * 448.0f);
+}
+
+int64_t first_non_finite(const Tensor& w, ThreadPool& pool) {
+  std::mutex mu;
+  int64_t first = -1;  // the lowest such index, whatever the split
+  for_each_row(w, pool, [&](int64_t r, int64_t off, int64_t k, int64_t sc) {
+    for (int64_t c = 0; c < k; ++c) {
+      if (std::isfinite(detail::load_f32(w.data_ptr(), w.dtype(), off + c * sc))) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (first < 0 || r * k + c < first) first = r * k + c;
+      return;
+    }
+  });
+  return first;
 }
 
 ops::Nvfp4Weight nvfp4_quantize(const Tensor& w, float global_scale, ThreadPool& pool) {

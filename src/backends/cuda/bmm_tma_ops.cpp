@@ -114,11 +114,14 @@ bool bmm_tma_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const
 
 bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                              const std::vector<DomainSlice>& slices, void* caller,
-                             const std::function<void()>& fork_join) {
+                             const std::function<void(void*)>& fork_join) {
   BmmTmaArgs args;
   if (!domain_args(a, b_shards, y, slices, &args) || !detail::bmm_tma_eligible(args)) return false;
   const auto stream = static_cast<cudaStream_t>(caller);
-  detail::run_fastest_path(problem_key(args), {[&] { detail::launch_bmm_tma(args, stream); }, fork_join}, stream);
+  detail::run_fastest_path(problem_key(args),
+                           {[&](cudaStream_t s) { detail::launch_bmm_tma(args, s); },
+                            [&](cudaStream_t s) { fork_join(s); }},
+                           stream);
   return true;
 }
 

@@ -81,11 +81,12 @@ void set_bmm_tma_enabled(bool on);
 bool bmm_tma_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                      const std::vector<DomainSlice>& slices, void* caller);
 // The partitioned BMM where bmm_tma_domains can take it: by the faster of that launch and
-// `fork_join` (the caller's fork/join of per-partition cuBLASLt calls), timed once per problem
-// (path_choice.h). False, with nothing run, when the kernel cannot take it.
+// `fork_join` (the caller's fork/join of per-partition cuBLASLt calls, from the origin stream it
+// is given), timed once per problem (path_choice.h). False, with nothing run, when the kernel
+// cannot take it.
 bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                              const std::vector<DomainSlice>& slices, void* caller,
-                             const std::function<void()>& fork_join);
+                             const std::function<void(void*)>& fork_join);
 // NVFP4 (prepared shards), M <= kNvfp4StreamMaxM, by the streaming or the wgmma kernel (as
 // nvfp4_gemm chooses); false when M is larger or a fused gate/up shard's up rows do not start on
 // a 16-row tile.

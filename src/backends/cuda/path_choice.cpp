@@ -63,6 +63,10 @@ struct EventPair {
 // Twice the L2 of zeros (the last 16 bytes a sink for the sweep), allocated on `stream` for one
 // timing and freed after it; nullptr, with the error cleared, where the memory is not there (then
 // the runs are timed warm: a choice still gets made, and the model's forward does not fail).
+// The L2 is read, not written: a run after it reads its operands from memory, as a model's weights
+// are read at decode (each layer's once per step), not from what the run before it left in L2
+// (timed warm, a tactic can win on operands that never are), and the lines the run evicts are
+// clean, as a decode step's predecessor leaves them.
 struct FlushBuffer {
   void* p = nullptr;
   size_t bytes = 0;
@@ -88,18 +92,14 @@ struct FlushBuffer {
 
 // Milliseconds of one run of each of `calls` on `stream`: `rounds` rounds in which the calls take
 // turns (so that clock drift reaches them alike), each run right after twice the L2 was read
-// through it; per call the best of the rounds after the first (a warm-up).
-std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& calls, cudaStream_t stream, int rounds) {
-  // The L2 is read, not written: the run then reads its operands from memory, as a model's
-  // weights are read at decode (each layer's once per step), not from what the run before it left
-  // in L2 (timed warm, a tactic can win on operands that never are), and the lines the run evicts
-  // are clean, as a decode step's predecessor leaves them.
-  const FlushBuffer flush(stream);
+// through it where `flush` is given; per call the best of the rounds after the first (a warm-up).
+std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& calls, cudaStream_t stream, int rounds,
+                                  const FlushBuffer* flush) {
   const EventPair ev;
   std::vector<float> best(calls.size(), 1e30f);
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < calls.size(); ++i) {
-      if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
+      if (flush && flush->p) launch_l2_sweep(flush->p, flush->bytes, flush->sink(), stream);
       LOCUS_CUDA_CHECK(cudaEventRecord(ev.start, stream));
       calls[i]();
       LOCUS_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
@@ -112,20 +112,29 @@ std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& call
   return best;
 }
 
-// Milliseconds of one call of each path as a captured graph runs it (time_rounds_ms over replays
-// of a graph of the path). A decode step is a graph, and eager timing would add each path's host
-// launch work, which differs a lot between one kernel (tensor maps, launch attributes) and a
-// fork/join over streams; it picked the fork/join where a graph runs the kernel 1.5x faster.
+// Milliseconds of one call of each path as a captured decode step runs it. A decode step is a
+// graph, and eager timing would add each path's host launch work, which differs a lot between one
+// kernel (tensor maps, launch attributes) and a fork/join over streams; it picked the fork/join
+// where a graph runs the kernel 1.5x faster. A graph of the path alone misleads too: its first
+// kernel then starts cold, where in a step a programmatic dependent launch starts it during the
+// previous kernel's tail (the kernel's BMM took 13.5 us so, 8.3 us behind another kernel, and lost
+// to the fork/join's 12). So each path is captured behind the L2 read, which both empties the L2
+// and is the kernel before it, and a graph of the read alone is timed beside them.
 // Each path runs once eagerly first, so that its own choices (cuBLASLt tactics) and scratch growth
 // happen outside the capture.
-std::vector<float> time_paths_in_graphs_ms(const std::vector<std::function<void()>>& paths, cudaStream_t stream) {
-  for (const auto& path : paths) path();
-  std::vector<Graph> graphs(paths.size());
+std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
+  for (const auto& path : paths) path(stream);
+  const FlushBuffer flush(stream);
+  auto read_l2 = [&] {
+    if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
+  };
+  std::vector<Graph> graphs(paths.size() + 1);  // [0]: the read alone; [i + 1]: the read, then path i
   std::vector<std::function<void()>> replays;
   try {
-    for (size_t i = 0; i < paths.size(); ++i) {
+    for (size_t i = 0; i < graphs.size(); ++i) {
       graphs[i].begin_capture(stream);
-      paths[i]();
+      read_l2();
+      if (i > 0) paths[i - 1](stream);
       graphs[i].end_capture();
       replays.push_back([&graphs, i, stream] { graphs[i].replay(stream); });
     }
@@ -135,15 +144,57 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<std::function<void(
     if (log_choices()) std::fprintf(stderr, "locus: path choice timed eagerly (capture failed: %s)\n", e.what());
     replays.clear();
     graphs.clear();  // ends the capture that broke
-    return time_rounds_ms(paths, stream, 4);
+    std::vector<std::function<void()>> calls;
+    for (const auto& path : paths) calls.push_back([&path, stream] { path(stream); });
+    return time_rounds_ms(calls, stream, 4, &flush);
   }
-  return time_rounds_ms(replays, stream, 4);
+  const std::vector<float> ms = time_rounds_ms(replays, stream, 8, nullptr);
+  std::vector<float> out;
+  for (size_t i = 1; i < ms.size(); ++i) out.push_back(std::max(ms[i] - ms[0], 0.f));
+  return out;
 }
+
+// A stream to time paths on: `stream` itself, or where that is a default stream (which cannot be
+// captured) a created one, ordered after `stream` on construction and `stream` after it on
+// destruction.
+class TimingStream {
+ public:
+  explicit TimingStream(cudaStream_t stream) : caller_(stream) {
+    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) return;
+    LOCUS_CUDA_CHECK(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking));
+    order(caller_, own_);
+  }
+  ~TimingStream() {
+    if (!own_) return;
+    try {
+      order(own_, caller_);
+    } catch (...) {
+    }
+    cudaStreamDestroy(own_);
+  }
+  TimingStream(const TimingStream&) = delete;
+  TimingStream& operator=(const TimingStream&) = delete;
+  cudaStream_t get() const { return own_ ? own_ : caller_; }
+
+ private:
+  // Work queued on `after` from now on waits for what `before` has queued.
+  static void order(cudaStream_t before, cudaStream_t after) {
+    cudaEvent_t e = nullptr;
+    LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t r1 = cudaEventRecord(e, before);
+    const cudaError_t r2 = r1 == cudaSuccess ? cudaStreamWaitEvent(after, e, 0) : r1;
+    cudaEventDestroy(e);
+    LOCUS_CUDA_CHECK(r2);
+  }
+  cudaStream_t caller_;
+  cudaStream_t own_ = nullptr;
+};
 
 }  // namespace
 
 float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
-  return time_rounds_ms({call}, stream, 4)[0];
+  const FlushBuffer flush(stream);
+  return time_rounds_ms({call}, stream, 4, &flush)[0];
 }
 
 int chosen_path(const std::string& key) {
@@ -153,7 +204,7 @@ int chosen_path(const std::string& key) {
   return it == c.chosen.end() ? -1 : it->second;
 }
 
-void run_fastest_path(const std::string& key, const std::vector<std::function<void()>>& paths, cudaStream_t stream) {
+void run_fastest_path(const std::string& key, const std::vector<PathCall>& paths, cudaStream_t stream) {
   LOCUS_CHECK(!paths.empty(), "run_fastest_path: no paths for ", key);
   int pick = chosen_path(key);
   if (pick < 0) {
@@ -164,7 +215,11 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
         choices().chosen.emplace(key, pick);
       }
     } else {
-      const std::vector<float> ms = time_paths_in_graphs_ms(paths, stream);
+      std::vector<float> ms;
+      {
+        const TimingStream timing(stream);
+        ms = time_paths_in_graphs_ms(paths, timing.get());
+      }
       pick = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
       if (log_choices()) {
         std::string times;
@@ -175,7 +230,7 @@ void run_fastest_path(const std::string& key, const std::vector<std::function<vo
       pick = choices().chosen.emplace(key, pick).first->second;  // another thread may have chosen first
     }
   }
-  paths[static_cast<size_t>(pick)]();
+  paths[static_cast<size_t>(pick)](stream);
 }
 
 }  // namespace locus::cuda::detail

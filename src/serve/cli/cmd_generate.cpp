@@ -1,9 +1,11 @@
 // `locus generate --model DIR --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N]
-//   [--temperature T --top-k K --top-p P] [--seed S] [every LlmArgs flag]`:
+//   [--temperature T --top-k K --top-p P] [--seed S] [--warmup] [every LlmArgs flag]`:
 // tokenizes the prompts, runs them as one batch (prefill, then decode until eos or N tokens;
 // with --ignore-eos, N tokens), streams the text of a single prompt to stdout as it is generated
 // (several prompts: each completion is printed when done) and prints prompt / decode tokens per
-// second to stderr.
+// second to stderr. --warmup first runs the batch untimed for two new tokens, so that one-time
+// work (CUDA: cuBLASLt tactics and path choices timed per shape, memory pools growing) stays out of
+// the figures.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -24,6 +26,7 @@ struct GenerateOptions {
   bool no_bos = false;
   bool ignore_eos = false;
   bool quiet = false;
+  bool warmup = false;
 };
 
 int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o) {
@@ -52,6 +55,14 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
     reqs.push_back(r);
   }
   Generator& gen = *stack->generator;
+  if (o.warmup) {
+    std::vector<GenerationRequest> warm = reqs;
+    for (auto& r : warm) {
+      r.max_new_tokens = 2;  // the prompts' prefill and one decode step at the same batch size
+      r.ignore_eos = true;
+    }
+    gen.generate(warm);
+  }
   const bool stream = reqs.size() == 1;
   StreamingDecoder dec(tok);
   if (stream) {
@@ -104,5 +115,8 @@ LOCUS_REGISTER_COMMAND("generate", "generate text from one or more prompts (a ba
                                       "generate --max-new-tokens tokens per prompt even past an end-of-sequence "
                                       "token (for timing)");
                          app.add_flag("--quiet", o->quiet, "no progress bar or load notes");
+                         app.add_flag("--warmup", o->warmup,
+                                      "first run the prompts untimed for 2 new tokens (one-time tuning and "
+                                      "allocations out of the timings)");
                          return [=] { return run_generate(*cli, *o); };
                        });
