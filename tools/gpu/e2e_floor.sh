@@ -13,7 +13,7 @@
 #      (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
 #   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
-# BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
+# PROFILE_ROW_BLOCKS=1 profiles NVFP4 with row blocks too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
 # --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
 # --layers and --experts, e.g. in the background while other work runs).
@@ -80,7 +80,7 @@ for fmt in $formats; do
   # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
   # device inside a region), batch 1, LD off.
   profile_envs=("")
-  [[ $fmt == nvfp4 ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
+  [[ $fmt == nvfp4 && -n "${PROFILE_ROW_BLOCKS:-}" ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
   for envs in "${profile_envs[@]}"; do
     timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
       "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --warmup --quiet > "$OUT/profile.out" 2>&1
