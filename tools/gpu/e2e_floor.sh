@@ -18,6 +18,7 @@
 # --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
 # --layers and --experts, e.g. in the background while other work runs).
 # usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"] [--models DIR]
+#                               [--batches "1 8"] [--lds "off on"]   (batches: 1 and/or 8)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-e2e-floor}"
@@ -26,7 +27,7 @@ BACKEND="${BACKEND:-cuda}"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 source tools/gpu/tiny_model_env.sh  # set_ld_flags
 source tools/gpu/logits_env.sh  # logits_vs_cpu
-layers=3; experts=32; tokens=32; formats="bf16 nvfp4"; models=""
+layers=3; experts=32; tokens=32; formats="bf16 nvfp4"; models=""; batches="1 8"; lds="off on"
 while (($#)); do
   case "$1" in
     --layers) layers="$2"; shift ;;
@@ -34,6 +35,8 @@ while (($#)); do
     --tokens) tokens="$2"; shift ;;
     --formats) formats="$2"; shift ;;
     --models) models="$2"; shift ;;
+    --batches) batches="$2"; shift ;;
+    --lds) lds="$2"; shift ;;
     *) echo "unknown argument $1"; exit 2 ;;
   esac
   shift
@@ -75,7 +78,7 @@ for fmt in $formats; do
       --seed 1 "${fmt_flag[@]}" >> "$LOG" 2>&1 || { echo "make-tiny-model $fmt FAILED (see $LOG)"; rc=1; continue; }
     echo "$fmt model written in $(($(date +%s) - start)) s: $(tail -1 "$LOG")"
   fi
-  plan=$("$CARRY/locus" plan --model "$dir" --decode-batch 1,8 --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
+  plan=$("$CARRY/locus" plan --model "$dir" --decode-batch "${batches// /,}" --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
   echo "$plan" >> "$LOG"
   # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
   # device inside a region), batch 1, LD off.
@@ -89,12 +92,13 @@ for fmt in $formats; do
   done
   # Runs: "label|LD|environment". NVFP4 also with the experts' row-block launches
   # (LOCUS_NVFP4_ROW_BLOCKS=1: experts with equal row counts share a launch; off by default).
-  runs=("off|off|" "on|on|")
-  [[ $fmt == nvfp4 ]] && runs+=("off, row blocks|off|LOCUS_NVFP4_ROW_BLOCKS=1")
+  runs=()
+  for ld in $lds; do runs+=("$ld|$ld|"); done
+  [[ $fmt == nvfp4 && " $lds " == *" off "* ]] && runs+=("off, row blocks|off|LOCUS_NVFP4_ROW_BLOCKS=1")
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs <<< "$run"
     set_ld_flags "$ld"
-    for batch in 1 8; do
+    for batch in $batches; do
       # "  batch 8: 2.178 GiB per step; floor at 4197 GB/s: 0.557 ms per step, 14357.2 tok/s"
       line=$(grep "^  batch $batch:" <<< "$plan")
       gib=$(sed -E 's/.*: ([0-9.]+) GiB per step.*/\1/' <<< "$line")
