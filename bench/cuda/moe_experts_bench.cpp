@@ -4,8 +4,8 @@
 // (ops::nvfp4_gemm_row_blocks). Each call draws its own uniform routing (fixed seed), so calls
 // touch other experts, and a call's weights (8 experts: 198 MB at T = 1) exceed the L2.
 // Columns (us per layer stage, the median over replays of a graph of R calls, graphs interleaved):
-//   each     one launch per expert and projection (row-block launches off, the default);
-//   shared   experts with equal row counts share launches (LOCUS_NVFP4_ROW_BLOCKS=1);
+//   each     one launch per expert and projection (LOCUS_NVFP4_ROW_BLOCKS=0);
+//   shared   experts with equal row counts share launches (the default);
 //   floor    the active experts' weight bytes at the measured device copy bandwidth.
 // usage: cuda_moe_experts_bench [--tokens T1,T2,..] [--experts E]
 #include <cuda_runtime_api.h>
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
                 active, static_cast<unsigned long long>(launches[0]), static_cast<unsigned long long>(launches[1]),
                 t[0] * 1e6, t[1] * 1e6, t[0] / t[1], floor * 1e6, t[1] / floor);
   }
-  cuda::set_nvfp4_row_block_launches(false);
+  cuda::set_nvfp4_row_block_launches(true);
   std::printf("\n(launches: of call 0's stage, streaming kernel only; each = one per expert and projection)\n");
   return 0;
 }

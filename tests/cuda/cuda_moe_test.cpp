@@ -588,16 +588,20 @@ TEST_F(CudaMoe, Nvfp4ExpertsWithSharedExpertsMatchCpuLdOffAndOn) {
   compare(c, nvfp4_moe_pieces(c, w, 1.5f), w, seed + 100);
 }
 
-// Fused gate/up weights (one global scale) with the experts' row-block launches on: experts with
-// equal row counts share launches of the streaming kernel (ops::nvfp4_gemm_row_blocks).
-TEST_F(CudaMoe, Nvfp4ExpertsSharingLaunchesMatchCpu) {
+// Fused gate/up weights (one global scale), with the experts' row-block launches (the default:
+// experts with equal row counts share launches of the streaming kernel,
+// ops::nvfp4_gemm_row_blocks) and without them (one launch per expert, LOCUS_NVFP4_ROW_BLOCKS=0).
+TEST_F(CudaMoe, Nvfp4ExpertsSharingLaunchesOrNotMatchCpu) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   const MoeConfig c = config(locality::QuantKind::kNVFP4);
   const MoeWeights w(c, seed, 1.0 / 16, 1.0 / 16);
   const bool was = cuda::nvfp4_row_block_launches();
-  cuda::set_nvfp4_row_block_launches(true);
-  compare(c, nvfp4_moe_pieces(c, w, 1.f), w, seed + 100);
+  for (const bool shared : {true, false}) {
+    SCOPED_TRACE(shared ? "row-block launches" : "one launch per expert");
+    cuda::set_nvfp4_row_block_launches(shared);
+    compare(c, nvfp4_moe_pieces(c, w, 1.f), w, seed + 100);
+  }
   cuda::set_nvfp4_row_block_launches(was);
 }
 

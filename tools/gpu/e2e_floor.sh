@@ -9,11 +9,11 @@
 #   3. `locus plan --decode-batch 1,8 --bandwidth-gbs BW`: the weight bytes a decode step reads and
 #      the floor, the tokens/s that reading them at the copy bandwidth allows;
 #   4. `locus generate --backend cuda --ignore-eos --warmup` at batch 1 and 8, locality domains off and on
-#      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1): decode tokens/s and floor / measured
+#      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert): decode tokens/s and floor / measured
 #      (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
-#   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 row blocks vs CPU).
-# PROFILE_ROW_BLOCKS=1 profiles NVFP4 with row blocks too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
+#   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 one launch per expert vs CPU).
+# PROFILE_PER_EXPERT=1 profiles NVFP4 with one launch per expert too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
 # --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
 # --layers and --experts, e.g. in the background while other work runs).
@@ -83,18 +83,18 @@ for fmt in $formats; do
   # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
   # device inside a region), batch 1, LD off.
   profile_envs=("")
-  [[ $fmt == nvfp4 && -n "${PROFILE_ROW_BLOCKS:-}" ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=1")
+  [[ $fmt == nvfp4 && -n "${PROFILE_PER_EXPERT:-}" ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=0")
   for envs in "${profile_envs[@]}"; do
     timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
       "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --warmup --quiet > "$OUT/profile.out" 2>&1
     { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
       sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$PROFILE"
   done
-  # Runs: "label|LD|environment". NVFP4 also with the experts' row-block launches
-  # (LOCUS_NVFP4_ROW_BLOCKS=1: experts with equal row counts share a launch; off by default).
+  # Runs: "label|LD|environment". NVFP4 also with one launch per expert and projection
+  # (LOCUS_NVFP4_ROW_BLOCKS=0; by default experts with equal row counts share a launch).
   runs=()
   for ld in $lds; do runs+=("$ld|$ld|"); done
-  [[ $fmt == nvfp4 && " $lds " == *" off "* ]] && runs+=("off, row blocks|off|LOCUS_NVFP4_ROW_BLOCKS=1")
+  [[ $fmt == nvfp4 && " $lds " == *" off "* ]] && runs+=("off, per expert|off|LOCUS_NVFP4_ROW_BLOCKS=0")
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs <<< "$run"
     set_ld_flags "$ld"

@@ -1,7 +1,7 @@
 # Sourced by the GPU machine's scripts (after carry_env.sh and tiny_model_env.sh): one helper,
 #   logits_vs_cpu DIR FMT LOG   `locus logits` of the model in DIR on a few fixed prompts, on the
 #                               CPU (locality domains off) and on CUDA (off; on; with FMT nvfp4
-#                               also LOCUS_NVFP4_ROW_BLOCKS=1), dumps in $OUT, output appended to
+#                               also LOCUS_NVFP4_ROW_BLOCKS=0), dumps in $OUT, output appended to
 #                               LOG; then each CUDA run against the CPU, and LD on against LD off.
 #                               The result lines go to the array logits_results; it returns 1
 #                               when a run failed or a comparison is above tolerance.
@@ -11,8 +11,8 @@ logits_vs_cpu() {
   local runs=("cpu off off" "cuda off off" "cuda on on")
   local pairs=("cuda_off cpu_off" "cuda_on cuda_off")
   if [[ $fmt == nvfp4 ]]; then
-    runs+=("cuda off off_rowblocks LOCUS_NVFP4_ROW_BLOCKS=1")
-    pairs+=("cuda_off_rowblocks cpu_off")
+    runs+=("cuda off off_perexpert LOCUS_NVFP4_ROW_BLOCKS=0")
+    pairs+=("cuda_off_perexpert cpu_off")
   fi
   logits_results=()
   for run in "${runs[@]}"; do

@@ -3,7 +3,7 @@
 # put into .gpu-carry/: the CUDA unit tests and the whole CPU suite (its CLI tests start
 # .gpu-carry/locus through LOCUS_BIN), then the model end to end on the GPU (make-tiny-model;
 # generate --backend cuda for BF16 and NVFP4 with locality domains off and on, tokens/s;
-# logits CUDA vs CPU; NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=1), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
+# logits CUDA vs CPU; NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0), then the GEMM benchmarks and the BMM and NVFP4 kernels' timelines (the
 # BMM's also with its ring never sized for the next launch beside, the NVFP4 one for both feeds). Logs go to $OUT
 # (or /tmp/locus-gpu); each step prints a line or two, and a summary comes last.
 # usage: tools/gpu/run_all.sh [--quick] [--tests-only] [--e2e-only] [--split backfill|aligned]

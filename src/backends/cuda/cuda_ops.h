@@ -96,8 +96,9 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
 // wgmma kernel's range) go to the streaming kernel together, up to kStreamGemmMaxParts weights
 // per launch, each weight with its own activation and output rows. Returns the blocks with rows
 // that it did not launch (a row count no other block has, a weight it does not take), for the
-// caller to run one by one. While nvfp4_row_block_launches() is false it launches nothing: off
-// by default until it has run on a GPU; LOCUS_NVFP4_ROW_BLOCKS=1 or the setter turns it on.
+// caller to run one by one. While nvfp4_row_block_launches() is false it launches nothing: on by
+// default (an H200 decoded 16-23% faster at DeepSeek-V3's widths, docs/benchmarks.md);
+// LOCUS_NVFP4_ROW_BLOCKS=0 or the setter turns it off.
 std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
                                           const Tensor& y, bool swiglu, void* stream);
 bool nvfp4_row_block_launches();

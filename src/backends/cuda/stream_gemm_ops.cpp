@@ -155,7 +155,7 @@ bool launch_if_eligible(StreamGemmArgs a, const std::vector<void*>& streams, boo
   return true;
 }
 
-detail::EnvToggle g_row_block_launches("LOCUS_NVFP4_ROW_BLOCKS", false);
+detail::EnvToggle g_row_block_launches("LOCUS_NVFP4_ROW_BLOCKS", true);
 
 // Whether `w` is a prepared weight the streaming kernel takes for x [.., K] -> y [.., N].
 bool row_block_weight_fits(const ops::Nvfp4Weight& w, const Tensor& x, const Tensor& y, bool swiglu) {
