@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "core/host_profile.h"
+#include "modules/moe_routing_dump.h"
 #include "ops/norm.h"
 #include "ops/partitioned.h"
 
@@ -312,6 +313,7 @@ void MoE::route(const Tensor& x, const Tensor& weights, const Tensor& ids, const
   Tensor logits = Tensor::empty({x.size(0), cfg_.num_experts}, DType::kFP32, x.device());
   gate_->forward(x, logits, stream);
   ops::moe_route(logits, bias_, routing_config(), weights, ids, stream);
+  if (!routing_dump_path().empty()) dump_routing(routing_dump_path(), name(), logits, bias_, routing_config(), ids);
 }
 
 void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const {
