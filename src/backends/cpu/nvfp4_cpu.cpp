@@ -50,10 +50,6 @@ struct Nvfp4Rows {
   }
 };
 
-}  // namespace
-
-namespace {
-
 // Calls fn(r, off, k, sc) for each row r of `w` (element offset `off`, `k` elements `sc` apart),
 // rows split over `pool`.
 template <typename Fn>
