@@ -359,6 +359,25 @@ TEST_F(CudaBmmTmaDomains, RanksAreClaimedWhereverCtasLand) {
   }
 }
 
+// Domains that leave some SMs out (the tiny model's emulated 64 + 64 of 132): the CTAs that land
+// on those SMs, and those they displace, claim the ranks whose SMs got no CTA; every unit is still
+// done once, eagerly and in graph replays.
+TEST_F(CudaBmmTmaDomains, SmsOutsideEveryDomainStillGetEveryUnitDone) {
+  TwoDomainProblem pb(24, 9, 512, 128, 10);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  ASSERT_GT(sms, 8);
+  const int inside = (sms - 4) / 2 * 2;  // the last SMs belong to no domain
+  const Tensor tables = set_rank_tables(
+      pb.args, sms, [&](int sm) { return sm < inside ? sm % 2 : 0xFF; }, half_sm);
+  pb.args.domain_sms[0] = pb.args.domain_sms[1] = inside / 2;
+  const cuda::Graph graph = launches_graph(pb.args, 1, caller_);
+  for (int rep = 0; rep < 4; ++rep) {
+    pb.check([&] { rep < 2 ? cuda::detail::launch_bmm_tma(pb.args, caller_) : graph.replay(caller_); }, caller_,
+             "run " + std::to_string(rep));
+  }
+}
+
 // Units longer than the ring (K = 512: two slots of 64 rows; more heads than SMs: whole heads of
 // 512 rows as units). A CTA copies its guessed rank's first slots before the claim and the rest of
 // that unit after it; with true ranks (every guess held) and with colliding ones (most guesses

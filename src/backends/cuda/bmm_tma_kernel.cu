@@ -253,18 +253,34 @@ struct Producer {
 __device__ __forceinline__ bool claim_rank(const BmmTmaArgs& a, const BmmPlan& pl, unsigned launch, int domain, int rank) {
   return atomicCAS(pl.claims + domain * kMaxRanks + rank, launch, launch + 1) == launch;
 }
+// Any free rank, home domain first. A rank is free while its claim word equals `launch` (words
+// only go from `launch` to `launch + 1` during a launch, and the previous launch has ended), so the
+// words are read a batch at a time (independent L2 reads, one round trip per batch) and only those
+// that look free are tried. A scan of one atomicCAS after another pays an L2 round trip per rank
+// already taken, for every CTA whose own rank was not free (where some SMs are in no domain, the
+// CTAs that land there and those they displace).
 __device__ void claim_any_rank(const BmmTmaArgs& a, const BmmPlan& pl, unsigned launch, int* domain, int* rank) {
+  constexpr int kBatch = 16;
   const int home = *domain >= 0 ? *domain : 0;
   for (int i = 0; i < a.num_domains; ++i) {
     const int d = (home + i) % a.num_domains;
-    for (int r = 0; r < a.domain_sms[d]; ++r)
-      if (claim_rank(a, pl, launch, d, r)) {
-        *domain = d;
-        *rank = r;
-        return;
-      }
+    const unsigned* words = pl.claims + d * kMaxRanks;
+    for (int r0 = 0; r0 < a.domain_sms[d]; r0 += kBatch) {
+      unsigned seen[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) seen[j] = r0 + j < a.domain_sms[d] ? __ldcg(words + r0 + j) : launch + 1;
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (seen[j] == launch && claim_rank(a, pl, launch, d, r0 + j)) {
+          *domain = d;
+          *rank = r0 + j;
+          return;
+        }
+    }
   }
-  *domain = -1;  // unreachable: a launch has as many CTAs as ranks
+  // Unreachable: a launch has as many CTAs as ranks, so while this CTA holds none, some rank is
+  // free, and one pass sees every rank either taken for good or free.
+  *domain = -1;
 }
 
 // Stamps word `w` of the CTA's timeline record; compiled out of the untraced kernel form.
