@@ -106,8 +106,9 @@ def compare(a_records, b_records):
             em, gm = margins(rb, rb["logits"][tok])
             diff = max(abs(x - y) for x, y in zip(ra["logits"][tok], rb["logits"][tok]))
             # A sigmoid score moves by at most a quarter of its logit's change, so an expert margin
-            # closes by at most diff / 2 and a group margin (sums of two) by at most diff.
-            near_tie = min(em, gm) <= diff
+            # closes by at most diff / 2 and a group margin (sums of two) by at most diff. A
+            # softmax score s moves by at most 2 s diff (every logit moves), so a margin by 4 diff.
+            near_tie = min(em, gm) <= (4 if rb["softmax"] else 1) * diff
             unexplained += 0 if near_tie else 1
             print(f"{rb['name']} token {tok}: experts {sorted(ra['ids'][tok])} vs {sorted(rb['ids'][tok])}; "
                   f"margins experts {em:.3e}, groups {gm:.3e}; max |logit difference| {diff:.3e} -> "
