@@ -11,14 +11,6 @@
 namespace locus::modules {
 namespace {
 
-// The tensor's values on the host, dense.
-Tensor host_copy(const Tensor& t) {
-  const Tensor src = t.device().is_cpu() ? t : t.to(Device::cpu());
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  h.copy_(src);
-  return h;
-}
-
 void put_u32(std::FILE* f, uint32_t v) { std::fwrite(&v, sizeof v, 1, f); }
 
 }  // namespace
@@ -34,8 +26,9 @@ const std::string& routing_dump_path() {
 void dump_routing(const std::string& path, const std::string& layer, const Tensor& logits, const Tensor& bias,
                   const ops::MoeRoutingConfig& cfg, const Tensor& ids) {
   static std::mutex mu;
-  const Tensor l = host_copy(logits), i = host_copy(ids);
-  const Tensor b = bias.defined() ? host_copy(bias) : Tensor();
+  // to() makes a dense host copy (also of a strided CPU view).
+  const Tensor l = logits.to(Device::cpu()), i = ids.to(Device::cpu());
+  const Tensor b = bias.defined() ? bias.to(Device::cpu()) : Tensor();
   LOCUS_CHECK(l.dtype() == DType::kFP32 && i.dtype() == DType::kI32 && (!b.defined() || b.dtype() == DType::kFP32),
               "dump_routing: expected fp32 logits and bias and i32 ids");
   std::lock_guard<std::mutex> lock(mu);

@@ -35,9 +35,9 @@ logits_vs_cpu() {
   done
   a="$OUT/routing_${fmt}_cuda_off.bin"; b="$OUT/routing_${fmt}_cpu_off.bin"
   if [[ -s $a && -s $b ]]; then
-    python3 tools/gpu/compare_routing.py "$a" "$b" >> "$log" 2>&1
-    res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1 | tail -1)
-    logits_results+=("routing $fmt cuda LD off vs cpu: $res")
+    res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1)
+    printf '%s\n' "$res" >> "$log"
+    logits_results+=("routing $fmt cuda LD off vs cpu: $(tail -1 <<< "$res")")
   fi
   return "$failed"
 }

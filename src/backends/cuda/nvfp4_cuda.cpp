@@ -2,8 +2,6 @@
 // in-place reload, and the checked entry points of the weight-only GEMM.
 #include <cuda_runtime_api.h>
 
-#include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "backends/cpu/thread_pool.h"
@@ -14,7 +12,6 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_shuffle.h"
-#include "core/float_convert.h"
 
 namespace locus::cuda {
 namespace {

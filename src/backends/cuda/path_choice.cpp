@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/env_settings.h"
 
 namespace locus::cuda::detail {
@@ -115,11 +116,12 @@ std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& call
 // Milliseconds of one call of each path as a captured decode step runs it. A decode step is a
 // graph, and eager timing would add each path's host launch work, which differs a lot between one
 // kernel (tensor maps, launch attributes) and a fork/join over streams; it picked the fork/join
-// where a graph runs the kernel 1.5x faster. A graph of the path alone misleads too: its first
-// kernel then starts cold, where in a step a programmatic dependent launch starts it during the
-// previous kernel's tail (the kernel's BMM took 13.5 us so, 8.3 us behind another kernel, and lost
-// to the fork/join's 12). So each path is captured behind the L2 read, which both empties the L2
-// and is the kernel before it, and a graph of the read alone is timed beside them.
+// where a graph runs the kernel 1.5x faster. Each path is captured behind the L2 read, which both
+// empties the L2 and is a kernel before it, as in a step, and a graph of the read alone is timed
+// beside them and subtracted. The read does not let the next launch start during its tail, as our
+// GEMM kernels do, so a kernel path still pays its whole start here (the BMM kernel's path: 8.7-13
+// us behind the read, 6.8-11.4 us back to back in a benchmark graph; docs/benchmarks.md,
+// seventeenth session).
 // Each path runs once eagerly first, so that its own choices (cuBLASLt tactics) and scratch growth
 // happen outside the capture.
 std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
@@ -155,19 +157,18 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, c
 }
 
 // A stream to time paths on: `stream` itself, or where that is a default stream (which cannot be
-// captured) a created one, ordered after `stream` on construction and `stream` after it on
-// destruction.
+// captured) a created one, forked from `stream` on construction and joined back on destruction.
 class TimingStream {
  public:
   explicit TimingStream(cudaStream_t stream) : caller_(stream) {
     if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) return;
     LOCUS_CUDA_CHECK(cudaStreamCreateWithFlags(&own_, cudaStreamNonBlocking));
-    order(caller_, own_);
+    fork_streams(caller_, {own_});
   }
   ~TimingStream() {
     if (!own_) return;
     try {
-      order(own_, caller_);
+      join_streams(caller_, {own_});
     } catch (...) {
     }
     cudaStreamDestroy(own_);
@@ -177,15 +178,6 @@ class TimingStream {
   cudaStream_t get() const { return own_ ? own_ : caller_; }
 
  private:
-  // Work queued on `after` from now on waits for what `before` has queued.
-  static void order(cudaStream_t before, cudaStream_t after) {
-    cudaEvent_t e = nullptr;
-    LOCUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    const cudaError_t r1 = cudaEventRecord(e, before);
-    const cudaError_t r2 = r1 == cudaSuccess ? cudaStreamWaitEvent(after, e, 0) : r1;
-    cudaEventDestroy(e);
-    LOCUS_CUDA_CHECK(r2);
-  }
   cudaStream_t caller_;
   cudaStream_t own_ = nullptr;
 };

@@ -17,10 +17,10 @@ using PathCall = std::function<void(cudaStream_t)>;
 // Runs, on `stream`, the path of `paths` chosen for `key` (all of them give the same result up to
 // rounding). The first call for a key times every path as a captured decode step runs it: each
 // path runs once eagerly, then is captured into a graph behind a read of twice the L2 (so that it
-// reads its operands from memory, and its first kernel follows a kernel, as in a step, where a
-// programmatic dependent launch starts during the previous kernel's tail); the graphs and one of
-// the read alone are replayed in turns (a warm-up, then the best of 7), and a path's time is its
-// graph's less the read's. The timing runs on a stream of its own, ordered after `stream` and
+// reads its operands from memory, and its first kernel follows a kernel, as in a step; the read
+// does not let that kernel start early, as our GEMM kernels would); the graphs and one of the read
+// alone are replayed in turns (a warm-up, then the best of 7), and a path's time is its graph's
+// less the read's. The timing runs on a stream of its own, ordered after `stream` and
 // `stream` after it, when `stream` is a default stream (those cannot be captured). Their work is
 // real, and the chosen path runs once more eagerly after. Inside a capture, or with
 // LOCUS_PATH_AUTOTUNE=0, a key without a choice takes paths[0] untimed (and is not remembered
