@@ -241,6 +241,13 @@ TEST(Nvfp4, RejectsBadInputsNamingThem) {
   Tensor bad = Tensor::zeros({2, 16}, DType::kFP32);
   bad.data<float>()[17] = NAN;
   EXPECT_NE(error_text([&] { ops::nvfp4_quantize(bad); }).find("w[1, 1] = nan is not finite"), std::string::npos);
+  // Rows split over the thread pool: the first non-finite value in row-major order is named, not
+  // the first one a thread happens to find.
+  Tensor many = Tensor::zeros({20000, 16}, DType::kFP32);
+  many.data<float>()[15000 * 16 + 2] = INFINITY;
+  many.data<float>()[9000 * 16 + 5] = NAN;
+  many.data<float>()[9000 * 16 + 3] = -INFINITY;
+  EXPECT_NE(error_text([&] { ops::nvfp4_quantize(many); }).find("w[9000, 3] = -inf is not finite"), std::string::npos);
   EXPECT_NE(error_text([] { ops::nvfp4_quantize(Tensor::zeros({2, 16}, DType::kBF16), 0.f); }).find("global_scale"),
             std::string::npos);
   ops::Nvfp4Weight w = ops::nvfp4_quantize(Tensor::zeros({4, 32}, DType::kBF16));
