@@ -312,7 +312,13 @@ void MoE::route(const Tensor& x, const Tensor& weights, const Tensor& ids, const
               "], got ", x.describe());
   Tensor logits = Tensor::empty({x.size(0), cfg_.num_experts}, DType::kFP32, x.device());
   gate_->forward(x, logits, stream);
-  ops::moe_route(logits, bias_, routing_config(), weights, ids, stream);
+  if (RoutingReplay* replay = routing_replay()) {
+    LOCUS_CHECK(x.device().is_cpu(), "LOCUS_ROUTING_REPLAY runs on the CPU backend only; MoE '", name(), "' is on ",
+                x.device().name());
+    replay->route(name(), logits, routing_config(), weights, ids);
+  } else {
+    ops::moe_route(logits, bias_, routing_config(), weights, ids, stream);
+  }
   if (!routing_dump_path().empty()) dump_routing(routing_dump_path(), name(), logits, bias_, routing_config(), ids);
 }
 

@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <mutex>
 
 #include "core/error.h"
@@ -12,6 +16,29 @@ namespace locus::modules {
 namespace {
 
 void put_u32(std::FILE* f, uint32_t v) { std::fwrite(&v, sizeof v, 1, f); }
+
+// Reads a dump's fields in order; every read past the end is an Error naming the file.
+struct DumpReader {
+  const std::string& path;
+  std::string bytes;
+  size_t pos = 0;
+  int record = 0;
+  void need(size_t n) const {
+    LOCUS_CHECK(n <= bytes.size() - pos, "LOCUS_ROUTING_REPLAY: '", path, "' ends inside record ", record);
+  }
+  uint32_t u32() {
+    need(4);
+    uint32_t v;
+    std::memcpy(&v, bytes.data() + pos, 4);
+    pos += 4;
+    return v;
+  }
+  std::string take(size_t n) {
+    need(n);
+    pos += n;
+    return bytes.substr(pos - n, n);
+  }
+};
 
 }  // namespace
 
@@ -47,6 +74,63 @@ void dump_routing(const std::string& path, const std::string& layer, const Tenso
   const bool ok = std::ferror(f) == 0;
   std::fclose(f);
   LOCUS_CHECK(ok, "LOCUS_ROUTING_DUMP: writing '", path, "' failed");
+}
+
+RoutingReplay::RoutingReplay(const std::string& path) : path_(path) {
+  std::ifstream f(path, std::ios::binary);
+  LOCUS_CHECK(f.good(), "LOCUS_ROUTING_REPLAY: cannot read '", path, "'");
+  DumpReader r{path, std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>())};
+  for (; r.pos < r.bytes.size(); ++r.record) {
+    LOCUS_CHECK(r.take(4) == "LRD1", "LOCUS_ROUTING_REPLAY: '", path, "' record ", r.record,
+                " does not start with LRD1 (not a LOCUS_ROUTING_DUMP file?)");
+    const std::string layer = r.take(r.u32());
+    Record rec;
+    rec.tokens = r.u32();
+    rec.experts = r.u32();
+    rec.top_k = r.u32();
+    r.u32();  // n_group
+    r.u32();  // topk_group
+    r.u32();  // scoring
+    const bool has_bias = r.u32() != 0;
+    r.take(static_cast<size_t>(rec.tokens * rec.experts) * 4 + (has_bias ? static_cast<size_t>(rec.experts) * 4 : 0));
+    const std::string ids = r.take(static_cast<size_t>(rec.tokens * rec.top_k) * 4);
+    rec.ids.resize(static_cast<size_t>(rec.tokens * rec.top_k));
+    std::memcpy(rec.ids.data(), ids.data(), ids.size());
+    records_[layer].push_back(std::move(rec));
+  }
+}
+
+void RoutingReplay::route(const std::string& layer, const Tensor& logits, const ops::MoeRoutingConfig& cfg,
+                          const Tensor& weights, const Tensor& ids) {
+  Record rec;
+  size_t index = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = records_.find(layer);
+    const size_t used = next_[layer];
+    LOCUS_CHECK(it != records_.end() && used < it->second.size(), "LOCUS_ROUTING_REPLAY: '", path_, "' has no record ",
+                used, " for ", layer, " (it holds ", it == records_.end() ? 0 : it->second.size(),
+                "): were the same prompts dumped?");
+    rec = it->second[used];
+    index = used;
+    ++next_[layer];
+  }
+  const int64_t T = logits.size(0);
+  LOCUS_CHECK(rec.tokens == T && rec.experts == cfg.num_experts && rec.top_k == cfg.top_k, "LOCUS_ROUTING_REPLAY: ",
+              layer, "'s record ", index, " in '", path_, "' has ", rec.tokens, " tokens, ", rec.experts,
+              " experts, top_k ", rec.top_k, "; this call has ", T, ", ", cfg.num_experts, ", ", cfg.top_k);
+  Tensor forced = Tensor::empty({T, cfg.top_k}, DType::kI32);
+  std::memcpy(forced.data_ptr(), rec.ids.data(), rec.ids.size() * sizeof(int32_t));
+  ops::moe_route_forced(logits, cfg, forced, weights, ids);
+}
+
+RoutingReplay* routing_replay() {
+  static const std::unique_ptr<RoutingReplay> replay = []() -> std::unique_ptr<RoutingReplay> {
+    const char* v = std::getenv("LOCUS_ROUTING_REPLAY");
+    if (!v || !*v) return nullptr;
+    return std::make_unique<RoutingReplay>(v);
+  }();
+  return replay.get();
 }
 
 }  // namespace locus::modules

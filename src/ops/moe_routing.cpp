@@ -23,11 +23,9 @@ void row_major(const char* op, const char* name, const Tensor& t) {
               t.describe(), " with strides ", shape_to_string(t.strides()));
 }
 
-}  // namespace
-
-void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRoutingConfig& cfg,
-               const Tensor& weights, const Tensor& ids, const Stream& stream) {
-  const char* op = "moe_route";
+// moe_route's operand checks (shared with moe_route_forced).
+void check_route(const char* op, const Tensor& logits, const Tensor& correction_bias, const MoeRoutingConfig& cfg,
+                 const Tensor& weights, const Tensor& ids) {
   const int64_t E = cfg.num_experts;
   LOCUS_CHECK(E >= 1, op, ": num_experts must be positive, got ", E);
   LOCUS_CHECK(cfg.n_group >= 1 && E % cfg.n_group == 0, op, ": n_group=", cfg.n_group,
@@ -60,7 +58,15 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRou
   checks::size(op, "ids", ids, 1, cfg.top_k, "columns (top_k)");
   checks::same_device(op, "weights", weights, "logits", logits);
   checks::same_device(op, "ids", ids, "logits", logits);
-  if (T == 0) return;
+}
+
+}  // namespace
+
+void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRoutingConfig& cfg,
+               const Tensor& weights, const Tensor& ids, const Stream& stream) {
+  const char* op = "moe_route";
+  check_route(op, logits, correction_bias, cfg, weights, ids);
+  if (logits.size(0) == 0) return;
   if (logits.device().is_cpu()) {
     return cpu::moe_route(logits, correction_bias, cfg, weights, ids, cpu::ThreadPool::from_native(stream.native));
   }
@@ -69,6 +75,21 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRou
 #else
   no_cuda_backend(op, logits);
 #endif
+}
+
+void moe_route_forced(const Tensor& logits, const MoeRoutingConfig& cfg, const Tensor& forced_ids,
+                      const Tensor& weights, const Tensor& ids, const Stream& stream) {
+  const char* op = "moe_route_forced";
+  check_route(op, logits, Tensor(), cfg, weights, ids);
+  checks::dtype(op, "forced_ids", forced_ids, {DType::kI32});
+  row_major(op, "forced_ids", forced_ids);
+  checks::size(op, "forced_ids", forced_ids, 0, logits.size(0), "rows");
+  checks::size(op, "forced_ids", forced_ids, 1, cfg.top_k, "columns (top_k)");
+  LOCUS_CHECK(logits.device().is_cpu() && forced_ids.device().is_cpu(), op,
+              ": runs on the CPU backend only, got logits on ", logits.device().name(), " and forced_ids on ",
+              forced_ids.device().name());
+  if (logits.size(0) == 0) return;
+  cpu::moe_route(logits, Tensor(), cfg, weights, ids, cpu::ThreadPool::from_native(stream.native), forced_ids);
 }
 
 void moe_group(const Tensor& ids, int64_t num_experts, const Tensor& offsets, const Tensor& rows, const Tensor& slot,

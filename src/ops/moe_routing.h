@@ -42,6 +42,12 @@ struct MoeRoutingConfig {
 void moe_route(const Tensor& logits, const Tensor& correction_bias, const MoeRoutingConfig& cfg,
                const Tensor& weights, const Tensor& ids, const Stream& stream = {});
 
+// moe_route with the experts given (forced_ids i32 [T, k], each in [0, E)) in place of steps 2-4:
+// ids = forced_ids, weights from step 5. For replaying another run's routing
+// (modules/moe_routing_dump.h), so that two backends can be compared past a near-tie. CPU only.
+void moe_route_forced(const Tensor& logits, const MoeRoutingConfig& cfg, const Tensor& forced_ids,
+                      const Tensor& weights, const Tensor& ids, const Stream& stream = {});
+
 // Groups the (token, choice) pairs by expert, for the grouped expert GEMMs. ids i32 [T, k]
 // (row-major); outputs, all i32 and on ids' device: offsets [E + 1], rows [T * k], slot [T, k].
 // - offsets[0] = 0 and offsets[e + 1] - offsets[e] = the number of pairs routed to expert e, so

@@ -1,12 +1,15 @@
 // `locus generate` and `locus logits` end to end through the executable on the tiny model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <regex>
 #include <string>
 
 #include "models/model_test_util.h"
 #include "runtime/generator_logits_file.h"
+#include "runtime/runtime_test_util.h"
 
 namespace locus::testing {
 namespace {
@@ -105,6 +108,55 @@ TEST(LogitsCli, WritesEveryPositionsLogitsLdOnEqualsOff) {
   auto bad = run("logits --model " + dir + " --ids 1,x --out " + t.file("x.bin") + " --quiet");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("\"x\" is not a token id"), std::string::npos) << bad.out;
+}
+
+// LOCUS_ROUTING_REPLAY (modules/moe_routing_dump.h): replaying a run's own routing dump changes no
+// bit of its logits; a dump with one expert id changed changes them (the replay is followed);
+// a dump of other prompts is an error naming the mismatch.
+TEST(LogitsCli, RoutingReplayFollowsTheDumpedExperts) {
+  const std::string& dir = tiny_model_dir(false);
+  TempDir t;
+  const std::string dump = t.file("routing.bin"), ids = " --ids 1,2,3 --ids 7";
+  auto r = run("logits --model " + dir + ids + " --out " + t.file("a.bin") + " --quiet", "LOCUS_ROUTING_DUMP=" + dump + " ");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = run("logits --model " + dir + ids + " --out " + t.file("b.bin") + " --quiet", "LOCUS_ROUTING_REPLAY=" + dump + " ");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto a = runtime::read_logits_file(t.file("a.bin")), b = runtime::read_logits_file(t.file("b.bin"));
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_TRUE(bitwise_equal(a[0], b[0]));
+  EXPECT_TRUE(bitwise_equal(a[1], b[1]));
+
+  // The first record's first token: its first choice replaced by an expert it did not choose.
+  std::string bytes = read_file(dump);
+  auto u32_at = [&](size_t pos) {
+    uint32_t v;
+    std::memcpy(&v, bytes.data() + pos, 4);
+    return v;
+  };
+  ASSERT_EQ(bytes.substr(0, 4), "LRD1");
+  const size_t head = 8 + u32_at(4);  // the 7 header words follow the name
+  const uint32_t T = u32_at(head), E = u32_at(head + 4), K = u32_at(head + 8), has_bias = u32_at(head + 24);
+  const size_t ids_at = head + 28 + 4 * static_cast<size_t>(T) * E + (has_bias ? 4 * static_cast<size_t>(E) : 0);
+  std::vector<int32_t> first(K);
+  std::memcpy(first.data(), bytes.data() + ids_at, 4 * K);
+  int32_t other = 0;
+  while (std::find(first.begin(), first.end(), other) != first.end()) ++other;
+  std::memcpy(bytes.data() + ids_at, &other, 4);
+  const std::string changed = t.file("changed.bin");
+  write_file(changed, bytes);
+  r = run("logits --model " + dir + ids + " --out " + t.file("c.bin") + " --quiet", "LOCUS_ROUTING_REPLAY=" + changed + " ");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto c = runtime::read_logits_file(t.file("c.bin"));
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_FALSE(bitwise_equal(a[0], c[0]));
+  EXPECT_TRUE(bitwise_equal(a[1], c[1]));  // the second prompt's routing is as dumped
+
+  // Other prompts than the dump's.
+  r = run("logits --model " + dir + " --ids 1,2 --out " + t.file("d.bin") + " --quiet", "LOCUS_ROUTING_REPLAY=" + dump + " ");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("LOCUS_ROUTING_REPLAY"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("has 3 tokens"), std::string::npos) << r.out;
 }
 
 }  // namespace

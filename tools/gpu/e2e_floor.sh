@@ -12,7 +12,8 @@
 #      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert): decode tokens/s and floor / measured
 #      (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
-#   6. logits CUDA vs CPU at these widths (LD off; LD on vs off; NVFP4 one launch per expert vs CPU).
+#   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off;
+#   7. logits CUDA vs the CPU following CUDA's routing (tools/gpu/logits_env.sh) at these widths.
 # PROFILE_PER_EXPERT=1 profiles NVFP4 with one launch per expert too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
 # --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
@@ -90,6 +91,20 @@ for fmt in $formats; do
     { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
       sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$PROFILE"
   done
+  # Where the device's time goes (bench/cuda/kernel_trace.cpp, CUPTI): kernels, copies and idle
+  # gaps over the last 20 ms of a longer timed decode, LD off, each batch.
+  if [[ $BACKEND == cuda && -f "$CARRY/libcuda_kernel_trace.so" ]]; then
+    for batch in $batches; do
+      prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
+      trace="$OUT/trace_${fmt}_b$batch.md"
+      timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
+        LOCUS_KERNEL_TRACE_LAST_MS=20 "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
+        --max-new-tokens $((tokens * 2)) --ignore-eos --warmup --quiet > "$OUT/trace.out" 2>&1
+      { echo; echo "$fmt, batch $batch, LD off: device time by kernel ($(grep '^locus:' "$OUT/trace.out" |
+          sed -E 's/.*decode ([0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok\/s\)).*/decode \1/') under the tracer)";
+        echo; cat "$trace" 2>/dev/null || { echo "no trace (see below)"; tail -5 "$OUT/trace.out"; }; } >> "$PROFILE"
+    done
+  fi
   # Runs: "label|LD|environment". NVFP4 also with one launch per expert and projection
   # (LOCUS_NVFP4_ROW_BLOCKS=0; by default experts with equal row counts share a launch).
   runs=()

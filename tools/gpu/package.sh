@@ -13,6 +13,10 @@ cmake --build "$BUILD" -j2 --target "${BINS[@]}"
 grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo '/.gpu-carry/' >> .git/info/exclude
 rm -rf .gpu-carry && mkdir -p .gpu-carry
 for bin in "${BINS[@]}" liblocus.so; do cp "$BUILD/$bin" .gpu-carry/; done
+# The kernel tracer (LD_PRELOAD) and the CUPTI it needs, which the device's image may not have.
+cmake --build "$BUILD" -j2 --target cuda_kernel_trace
+cp "$BUILD/libcuda_kernel_trace.so" .gpu-carry/
+cp -L "$(ldd "$BUILD/libcuda_kernel_trace.so" | awk '/libcupti/ {print $3}')" .gpu-carry/
 # Non-CUDA, non-libc dependencies (yaml-cpp, httplib, ...); cuBLAS/cudart come from the device.
 for lib in $(ldd "$BUILD"/liblocus.so "$BUILD"/locus_cuda_tests "$BUILD"/locus_tests "$BUILD"/locus | awk '/=>/ {print $3}' | sort -u); do
   case "$(basename "$lib")" in

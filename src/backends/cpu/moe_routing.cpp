@@ -39,8 +39,15 @@ void top_indices(const std::vector<float>& vals, int64_t k, std::vector<int64_t>
 }  // namespace
 
 void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::MoeRoutingConfig& cfg,
-               const Tensor& weights, const Tensor& ids, ThreadPool& pool) {
+               const Tensor& weights, const Tensor& ids, ThreadPool& pool, const Tensor& forced_ids) {
   const int64_t T = logits.size(0), E = cfg.num_experts, K = cfg.top_k;
+  if (forced_ids.defined()) {
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < K; ++j) {
+        const int32_t e = forced_ids.data<int32_t>()[t * forced_ids.stride(0) + j];
+        LOCUS_CHECK(e >= 0 && e < E, "moe_route: forced expert id ", e, " of token ", t, " is outside [0, ", E, ")");
+      }
+  }
   const int64_t G = cfg.n_group, group_size = E / G;
   pool.parallel_for(T, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> s(E), sel(E), group_score(G);
@@ -62,7 +69,10 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::M
       for (int64_t e = 0; e < E; ++e) {
         sel[e] = s[e] + (correction_bias.defined() ? correction_bias.data<float>()[e * correction_bias.stride(0)] : 0.f);
       }
-      if (G > 1 && cfg.topk_group < G) {
+      if (forced_ids.defined()) {
+        const int32_t* f = forced_ids.data<int32_t>() + t * forced_ids.stride(0);
+        chosen.assign(f, f + K);
+      } else if (G > 1 && cfg.topk_group < G) {
         for (int64_t g = 0; g < G; ++g) {
           const float* p = sel.data() + g * group_size;
           if (cfg.scoring == ops::MoeScoring::kSigmoid) {
@@ -84,7 +94,7 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::M
           if (!keep[e / group_size]) sel[e] = -std::numeric_limits<float>::infinity();
         }
       }
-      top_indices(sel, K, &chosen);
+      if (!forced_ids.defined()) top_indices(sel, K, &chosen);
       float* w = weights.data<float>() + t * weights.stride(0);
       int32_t* id = ids.data<int32_t>() + t * ids.stride(0);
       float sum = 0.f;

@@ -1,0 +1,123 @@
+// What the kernel tracer (kernel_trace.cpp) reports, apart from CUPTI so that it can be tested
+// without a GPU: device activities (kernels, copies, memsets) with their start and end times,
+// summed by name over a window of the trace, with the time the device was busy (the union of
+// the activities, so that overlapping streams count once) and the idle gaps between them (the
+// device waiting for the host, in an eager program).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace locus::bench {
+
+struct TraceActivity {
+  std::string name;  // shortened kernel name, or "[memcpy HtoD]" and the like
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
+struct TraceRow {
+  std::string name;
+  int64_t count = 0;
+  double total_us = 0;
+};
+
+struct TraceSummary {
+  double window_us = 0;  // from the first activity's start to the last one's end, in the window
+  double busy_us = 0;    // union of the activities
+  int64_t activities = 0;
+  int64_t gaps_over_5us = 0;  // idle stretches between activities longer than 5 us
+  double gaps_over_5us_total_us = 0;
+  std::vector<TraceRow> rows;  // by total time, largest first
+};
+
+// Summarizes the activities that start in the last `last_ms` milliseconds of the trace (all of
+// them when last_ms <= 0).
+inline TraceSummary summarize_trace(std::vector<TraceActivity> acts, double last_ms) {
+  TraceSummary s;
+  if (acts.empty()) return s;
+  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
+    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
+  });
+  uint64_t last_end = 0;
+  for (const auto& a : acts) last_end = std::max(last_end, a.end_ns);
+  const uint64_t cut = last_ms > 0 && last_ms * 1e6 < static_cast<double>(last_end)
+                           ? last_end - static_cast<uint64_t>(last_ms * 1e6)
+                           : 0;
+  std::map<std::string, TraceRow> by_name;
+  uint64_t first = 0, covered_to = 0, busy = 0;
+  bool any = false;
+  for (const auto& a : acts) {
+    if (a.start_ns < cut) continue;
+    TraceRow& r = by_name[a.name];
+    r.name = a.name;
+    ++r.count;
+    r.total_us += static_cast<double>(a.end_ns - a.start_ns) / 1e3;
+    ++s.activities;
+    if (!any) {
+      first = covered_to = a.start_ns;
+      any = true;
+    }
+    if (a.start_ns > covered_to) {  // an idle gap before this activity
+      const double gap_us = static_cast<double>(a.start_ns - covered_to) / 1e3;
+      if (gap_us > 5) {
+        ++s.gaps_over_5us;
+        s.gaps_over_5us_total_us += gap_us;
+      }
+      covered_to = a.start_ns;
+    }
+    if (a.end_ns > covered_to) {
+      busy += a.end_ns - covered_to;
+      covered_to = a.end_ns;
+    }
+  }
+  if (!any) return s;
+  s.window_us = static_cast<double>(covered_to - first) / 1e3;
+  s.busy_us = static_cast<double>(busy) / 1e3;
+  for (auto& [name, row] : by_name) s.rows.push_back(row);
+  std::sort(s.rows.begin(), s.rows.end(), [](const TraceRow& a, const TraceRow& b) {
+    return a.total_us != b.total_us ? a.total_us > b.total_us : a.name < b.name;
+  });
+  return s;
+}
+
+// A demangled kernel name without its parameter list and the project's namespaces, at most 100
+// characters: "stream_gemm_kernel<(StreamWeight)1, 8>" rather than the whole signature.
+inline std::string short_kernel_name(std::string n) {
+  // The parameter list: the last '(' at template depth 0 that closes at the end of the name.
+  int depth = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    const char c = n[i];
+    if (c == '<') ++depth;
+    else if (c == '>') depth = std::max(0, depth - 1);
+    else if (c == '(' && depth == 0 && n.compare(i, 21, "(anonymous namespace)") != 0) {
+      n.resize(i);
+      break;
+    }
+  }
+  for (const std::string drop : {"locus::cuda::detail::", "locus::cuda::", "(anonymous namespace)::", "void "}) {
+    for (size_t at; (at = n.find(drop)) != std::string::npos;) n.erase(at, drop.size());
+  }
+  if (n.size() > 100) n = n.substr(0, 97) + "...";
+  return n;
+}
+
+// The summary as a Markdown table (per-call and per-window shares), with a header line.
+inline void print_trace_summary(FILE* out, const TraceSummary& s, double last_ms) {
+  std::fprintf(out, "kernel trace%s: %lld activities over %.1f us, device busy %.1f us (%.1f%%), %lld idle gaps > 5 us "
+               "(%.1f us)\n\n",
+               last_ms > 0 ? (" (last " + std::to_string(last_ms) + " ms)").c_str() : "",
+               static_cast<long long>(s.activities), s.window_us, s.busy_us,
+               s.window_us > 0 ? 100.0 * s.busy_us / s.window_us : 0.0, static_cast<long long>(s.gaps_over_5us),
+               s.gaps_over_5us_total_us);
+  std::fprintf(out, "| activity | calls | total us | us per call | share of busy |\n|---|---|---|---|---|\n");
+  for (const auto& r : s.rows) {
+    std::fprintf(out, "| %s | %lld | %.1f | %.2f | %.1f%% |\n", r.name.c_str(), static_cast<long long>(r.count),
+                 r.total_us, r.total_us / static_cast<double>(r.count),
+                 s.busy_us > 0 ? 100.0 * r.total_us / s.busy_us : 0.0);
+  }
+}
+
+}  // namespace locus::bench

@@ -1,0 +1,55 @@
+// The kernel tracer's summary (bench/cuda/kernel_trace_summary.h) on hand-made activities: busy
+// time is the union of overlapping activities, idle gaps over 5 us are counted, the window keeps
+// only the activities that start in its last milliseconds, and kernel names lose their
+// parameter lists and the project's namespaces. No GPU needed.
+#include "../../bench/cuda/kernel_trace_summary.h"
+
+#include <gtest/gtest.h>
+
+namespace locus::bench {
+namespace {
+
+TEST(KernelTraceSummary, BusyTimeIsTheUnionAndGapsAreCounted) {
+  // a: [0, 10) us; b overlaps it: [5, 12); c after a 20 us gap: [32, 40); d after 3 us: [43, 44).
+  const std::vector<TraceActivity> acts = {
+      {"c", 32000, 40000}, {"a", 0, 10000}, {"b", 5000, 12000}, {"a", 43000, 44000}};
+  const TraceSummary s = summarize_trace(acts, 0);
+  EXPECT_EQ(s.activities, 4);
+  EXPECT_DOUBLE_EQ(s.window_us, 44.0);
+  EXPECT_DOUBLE_EQ(s.busy_us, 12.0 + 8.0 + 1.0);
+  EXPECT_EQ(s.gaps_over_5us, 1);
+  EXPECT_DOUBLE_EQ(s.gaps_over_5us_total_us, 20.0);
+  ASSERT_EQ(s.rows.size(), 3u);
+  EXPECT_EQ(s.rows[0].name, "a");  // 11 us in 2 calls, the largest total
+  EXPECT_EQ(s.rows[0].count, 2);
+  EXPECT_DOUBLE_EQ(s.rows[0].total_us, 11.0);
+  EXPECT_EQ(s.rows[1].name, "c");
+  EXPECT_EQ(s.rows[2].name, "b");
+}
+
+TEST(KernelTraceSummary, TheWindowKeepsTheLastMilliseconds) {
+  // Warm-up at 0..1 ms, the part that matters in the last 2 ms of a 10 ms trace.
+  const std::vector<TraceActivity> acts = {
+      {"warmup", 0, 1000000}, {"x", 8500000, 8600000}, {"y", 9000000, 10000000}};
+  const TraceSummary s = summarize_trace(acts, 2.0);
+  EXPECT_EQ(s.activities, 2);
+  ASSERT_EQ(s.rows.size(), 2u);
+  EXPECT_EQ(s.rows[0].name, "y");
+  EXPECT_EQ(s.rows[1].name, "x");
+  EXPECT_DOUBLE_EQ(s.window_us, 1500.0);
+  EXPECT_DOUBLE_EQ(s.busy_us, 1100.0);
+  EXPECT_EQ(summarize_trace(acts, 0).activities, 3);
+  EXPECT_EQ(summarize_trace({}, 1.0).activities, 0);
+}
+
+TEST(KernelTraceSummary, KernelNamesAreShortened) {
+  EXPECT_EQ(short_kernel_name("void locus::cuda::detail::(anonymous namespace)::stream_gemm_kernel<(locus::cuda::"
+                              "detail::StreamWeight)1, 8>(locus::cuda::detail::Plan, locus::cuda::detail::Args)"),
+            "stream_gemm_kernel<(StreamWeight)1, 8>");
+  EXPECT_EQ(short_kernel_name("rmsnorm_kernel(float const*, int)"), "rmsnorm_kernel");
+  EXPECT_EQ(short_kernel_name("plain"), "plain");
+  EXPECT_EQ(short_kernel_name(std::string(150, 'k')).size(), 100u);
+}
+
+}  // namespace
+}  // namespace locus::bench
