@@ -375,16 +375,31 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
     Tensor q_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
     absorbed_bmm(q3.slice(2, 0, dn).transpose(0, 1), k_b_, false, k_b_plan_, q_lat.transpose(0, 1), stream);
     Tensor o_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
-    row = 0;
-    for (const MlaSequence& s : seqs) {
-      const int64_t n = s.num_tokens, S = s.cache->length + n;
-      if (n) {
-        Tensor kv = s.cache->kv(S).unsqueeze(1);
-        ops::mla_attention(q_lat.slice(0, row, row + n), q3.slice(0, row, row + n).slice(2, dn, dn + dr), kv,
-                           s.cache->k_pe(S).unsqueeze(1), kv, o_lat.slice(0, row, row + n), softmax_scale_,
-                           s.cache->length, stream);
+    // Sequences that all append the same number of tokens (decode: one each) attend in one op,
+    // so that on a GPU their short attentions run side by side in one launch.
+    const bool uniform = std::all_of(seqs.begin(), seqs.end(), [&](const MlaSequence& s) {
+      return s.num_tokens == seqs[0].num_tokens;
+    });
+    if (uniform && seqs.size() > 1) {
+      std::vector<ops::AttentionKeys> keys;
+      for (const MlaSequence& s : seqs) {
+        const int64_t S = s.cache->length + s.num_tokens;
+        const Tensor kv = s.cache->kv(S).unsqueeze(1);
+        keys.push_back({kv, s.cache->k_pe(S).unsqueeze(1), kv});
       }
-      row += n;
+      ops::mla_attention_batch(q_lat, q3.slice(2, dn, dn + dr), keys, o_lat, softmax_scale_, stream);
+    } else {
+      row = 0;
+      for (const MlaSequence& s : seqs) {
+        const int64_t n = s.num_tokens, S = s.cache->length + n;
+        if (n) {
+          Tensor kv = s.cache->kv(S).unsqueeze(1);
+          ops::mla_attention(q_lat.slice(0, row, row + n), q3.slice(0, row, row + n).slice(2, dn, dn + dr), kv,
+                             s.cache->k_pe(S).unsqueeze(1), kv, o_lat.slice(0, row, row + n), softmax_scale_,
+                             s.cache->length, stream);
+        }
+        row += n;
+      }
     }
     absorbed_bmm(o_lat.transpose(0, 1), v_b_, true, v_b_plan_, o_v.transpose(0, 1), stream);
   }

@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <functional>
+#include <random>
+#include <vector>
 
 #include "cuda_test_util.h"
 #include "modules/mla_attention_reference.h"
@@ -211,6 +214,118 @@ TEST(CudaAttention, SequencesWriteTheirRowsOfOneOutputOnly) {
     row += n;
   }
   for (double x : to_doubles(got.slice(2, Dc, Dc + pad))) ASSERT_TRUE(std::isnan(x)) << "wrote outside its view";
+}
+
+// Decode over a batch as MLA::forward runs it with ops::mla_attention_batch: one query row per
+// sequence in shared q_lat / q tensors, each sequence's keys in its own latent cache of
+// `keys[i]` rows (plus NaN rows past them). `odd` gives the last sequence's cache a wider row, so
+// that its keys' layout differs from the others'.
+struct BatchDecode {
+  int64_t H, Dc, Dr;
+  std::vector<int64_t> keys;
+  Tensor q_lat, q;                  // host: [B, H, Dc], [B, H, dn + Dr]
+  std::vector<Tensor> caches;       // host
+  Tensor q_lat_gpu, q_gpu;
+  std::vector<Tensor> caches_gpu;
+  static constexpr int64_t dn = 24;
+
+  BatchDecode(int64_t h, int64_t dc, int64_t dr, std::vector<int64_t> k, uint64_t seed, bool odd = false)
+      : H(h), Dc(dc), Dr(dr), keys(std::move(k)) {
+    const int64_t B = static_cast<int64_t>(keys.size());
+    q_lat = randn({B, H, Dc}, DType::kBF16, seed);
+    q = randn({B, H, dn + Dr}, DType::kBF16, seed + 1);
+    q.slice(2, 0, dn).fill_nan_();
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t width = Dc + Dr + (odd && i == B - 1 ? 8 : 0);
+      Tensor c = randn({keys[i] + 2, width}, DType::kBF16, seed + 2 + static_cast<uint64_t>(i));
+      c.slice(0, keys[i], keys[i] + 2).fill_nan_();
+      caches.push_back(c);
+      caches_gpu.push_back(to_gpu(c));
+    }
+    q_lat_gpu = to_gpu(q_lat);
+    q_gpu = to_gpu(q);
+  }
+  std::vector<ops::AttentionKeys> key_views(const std::vector<Tensor>& c) const {
+    std::vector<ops::AttentionKeys> out;
+    for (size_t i = 0; i < c.size(); ++i) {
+      const Tensor rows = c[i].slice(0, 0, keys[i]);
+      const Tensor kv = rows.slice(1, 0, Dc).unsqueeze(1);
+      out.push_back({kv, rows.slice(1, Dc, Dc + Dr).unsqueeze(1), kv});
+    }
+    return out;
+  }
+  float scale() const { return static_cast<float>(1.5 / std::sqrt(static_cast<double>(Dc + Dr))); }
+  // Runs the batch on the GPU into a poisoned column slice of a wider output; returns the fetched
+  // wide buffer after checking that nothing outside the slice was written.
+  Tensor run(void* stream = nullptr) const {
+    const int64_t B = static_cast<int64_t>(keys.size());
+    Tensor wide = poisoned_gpu({B, H, Dc + 8}, DType::kBF16);
+    ops::mla_attention_batch(q_lat_gpu, q_gpu.slice(2, dn, dn + Dr), key_views(caches_gpu), wide.slice(2, 0, Dc),
+                             scale(), Stream{Device::cuda(0), stream});
+    const Tensor got = fetch(wide);
+    for (double x : to_doubles(got.slice(2, Dc, Dc + 8))) EXPECT_TRUE(std::isnan(x)) << "wrote outside its view";
+    return got.slice(2, 0, Dc);
+  }
+  void expect_matches(const Tensor& got) const {
+    const int64_t B = static_cast<int64_t>(keys.size());
+    const auto views = key_views(caches);
+    Tensor cpu_out = Tensor::empty({B, H, Dc}, DType::kBF16);
+    cpu_out.fill_nan_();
+    ops::mla_attention_batch(q_lat, q.slice(2, dn, dn + Dr), views, cpu_out, scale());
+    for (int64_t i = 0; i < B; ++i) {
+      const auto& k = views[static_cast<size_t>(i)];
+      const double tol = attention_tolerance(DType::kBF16, Dc + Dr, keys[i]);
+      const auto ref = ref_attention(q_lat.slice(0, i, i + 1), q.slice(0, i, i + 1).slice(2, dn, dn + Dr), k.k_a, k.k_b,
+                                     k.v, scale(), keys[i] - 1);
+      EXPECT_LT(rel_error(got.slice(0, i, i + 1), ref), tol) << "sequence " << i << " of " << keys[i] << " keys";
+      EXPECT_LT(rel_error(got.slice(0, i, i + 1), to_doubles(cpu_out.slice(0, i, i + 1))), 2 * tol) << "sequence " << i;
+    }
+  }
+};
+
+TEST(CudaAttention, BatchedDecodeSequencesOfEveryLengthInOneOp) {
+  LOCUS_REQUIRE_GPU();
+  // DeepSeek-V3's latent sizes; lengths from one key (the new token alone) to key splits.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const BatchDecode b(128, 512, 64, {1, 5, 70, 300, 1500, 33}, seed);
+  b.expect_matches(b.run());
+}
+
+TEST(CudaAttention, BatchedDecodeBeyondOneLaunchAndWithOtherLayouts) {
+  LOCUS_REQUIRE_GPU();
+  // 70 sequences (two launches of at most 64), the tiny model's sizes, random lengths; then a
+  // batch whose last cache has wider rows, which the op runs one sequence at a time.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> keys;
+  for (int i = 0; i < 70; ++i) keys.push_back(1 + static_cast<int64_t>(rng() % 400));
+  const BatchDecode many(16, 64, 16, keys, seed + 1);
+  many.expect_matches(many.run());
+  const BatchDecode odd(16, 64, 16, {9, 200, 31}, seed + 2, /*odd=*/true);
+  odd.expect_matches(odd.run());
+}
+
+TEST(CudaAttention, BatchedDecodeIsDeterministicAndCapturable) {
+  LOCUS_REQUIRE_GPU();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const BatchDecode b(128, 512, 64, {3000, 2, 700}, seed);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const Tensor first = b.run(stream);
+  EXPECT_TRUE(bitwise_equal(b.run(stream), first));
+  Tensor out = poisoned_gpu({3, 128, 512}, DType::kBF16);
+  cuda::Graph graph;
+  graph.begin_capture(stream);
+  ops::mla_attention_batch(b.q_lat_gpu, b.q_gpu.slice(2, BatchDecode::dn, BatchDecode::dn + 64),
+                           b.key_views(b.caches_gpu), out, b.scale(), Stream{Device::cuda(0), stream});
+  graph.end_capture();
+  graph.replay(stream);
+  EXPECT_TRUE(bitwise_equal(fetch(out), first));
+  b.expect_matches(first);
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(CudaAttention, DeterministicAndCapturableInAGraph) {

@@ -16,6 +16,10 @@ struct AttnOperand {
   bool f32 = false;  // fp32 elements, else bf16
 };
 
+// Sequences one launch may hold (mla_attention_batch); their key pointers travel in the launch's
+// parameters.
+constexpr int kAttnMaxSeqs = 64;
+
 struct MlaAttentionArgs {
   AttnOperand q_a, q_b, k_a, k_b, v;
   void* out = nullptr;
@@ -31,6 +35,22 @@ struct MlaAttentionArgs {
   // Query rows that share one K/V head form a group: all T*H rows when k_a, k_b and v have one
   // shared head (absorbed decode), else one group of T rows per query head.
   bool per_head_groups = false;
+  // A batch of sequences (num_seqs > 0, one per blockIdx.z; one in blockIdx.y for the combine):
+  // sequence i owns query and output rows [i*T, (i+1)*T) and attends seq_keys[i] keys at
+  // seq_k_a[i] (its k_a row 0), with k_b and v at the same element offsets from it as in sequence
+  // 0 (k_b_delta, v_delta); its queries are its last T keys. The operands above then describe
+  // sequence 0 (S: the most keys of any sequence).
+  int num_seqs = 0;
+  int64_t k_b_delta = 0, v_delta = 0;
+  const void* seq_k_a[kAttnMaxSeqs] = {};
+  int32_t seq_keys[kAttnMaxSeqs] = {};
+};
+
+// One sequence's operands in a launch: args' own without a batch (seq 0).
+struct AttnSeqOperands {
+  AttnOperand q_a, q_b, k_a, k_b, v;
+  void* out;
+  int64_t q_start;
 };
 
 // Scores are kept in the log2 domain (scale * log2(e)) so the softmax uses exp2.

@@ -131,8 +131,28 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
          (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(y))) << 16);
 }
 
+// Sequence `seq`'s operands (MlaAttentionArgs::num_seqs): its query and output rows and its keys.
+// `a` lives in the launch's parameters (__grid_constant__), so the per-sequence arrays are read
+// from there, not copied.
+__device__ __forceinline__ AttnSeqOperands seq_operands(const MlaAttentionArgs& a, int seq) {
+  AttnSeqOperands o{a.q_a, a.q_b, a.k_a, a.k_b, a.v, a.out, a.q_start};
+  if (a.num_seqs > 0) {
+    const int64_t r0 = static_cast<int64_t>(seq) * a.T;
+    o.q_a.ptr = static_cast<const uint16_t*>(a.q_a.ptr) + r0 * a.q_a.row_stride;
+    o.q_b.ptr = static_cast<const uint16_t*>(a.q_b.ptr) + r0 * a.q_b.row_stride;
+    o.out = static_cast<char*>(a.out) + r0 * a.out_row_stride * (a.out_f32 ? 4 : 2);
+    const uint16_t* k = static_cast<const uint16_t*>(a.seq_k_a[seq]);
+    o.k_a.ptr = k;
+    o.k_b.ptr = k + a.k_b_delta;
+    o.v.ptr = k + a.v_delta;
+    o.q_start = a.seq_keys[seq] - a.T;
+  }
+  return o;
+}
+
 template <int DVS>
-__global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAttentionArgs a, AttnSplit sp) {
+__global__ void __launch_bounds__(kRowGroups * DVS * 32)
+    attn_tc_kernel(const __grid_constant__ MlaAttentionArgs a, AttnSplit sp) {
   constexpr int kWarps = kRowGroups * DVS;
   constexpr int kThreads = kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -152,6 +172,8 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;  // mma fragment coordinates
   const int rg = warp % kRowGroups, part = warp / kRowGroups;
+  const AttnSeqOperands so = seq_operands(a, static_cast<int>(blockIdx.z));
+  const int64_t split_index = static_cast<int64_t>(blockIdx.z) * sp.splits + blockIdx.y;  // partial slots
 
   // This CTA's group, rows [row0, row0 + BM) of it (late rows first: they see the most keys),
   // and key split.
@@ -163,7 +185,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
   auto token_of = [&](int64_t r) { return a.per_head_groups ? r : r / a.H; };
   auto head_of = [&](int64_t r) { return a.per_head_groups ? group : r % a.H; };
   const int64_t last_row = (row0 + BM < rows ? row0 + BM : rows) - 1;
-  const int64_t causal_end = a.q_start + token_of(last_row) + 1;  // <= S (checked by the op)
+  const int64_t causal_end = so.q_start + token_of(last_row) + 1;  // <= S (checked by the op)
   const int64_t key_lo = static_cast<int64_t>(blockIdx.y) * sp.split_keys;
   const int64_t key_hi = key_lo + sp.split_keys < causal_end ? key_lo + sp.split_keys : causal_end;
   const int n_tiles = key_hi > key_lo ? static_cast<int>((key_hi - key_lo + BN - 1) / BN) : 0;
@@ -172,7 +194,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
     const int64_t row = row0 + r;
     int64_t lim = 0;  // keys [key_lo, key_lo + lim) are visible to this row (none for padding rows)
     if (row < rows) {
-      const int64_t end = a.q_start + token_of(row) + 1;
+      const int64_t end = so.q_start + token_of(row) + 1;
       lim = (end < key_hi ? end : key_hi) - key_lo;
       if (lim < 0) lim = 0;
     }
@@ -189,8 +211,8 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
     const bool valid = row < rows;
     const int64_t t = valid ? token_of(row) : 0, h = valid ? head_of(row) : 0;
     uint16_t* dst = Qs + r * L.ld_qk + c * 8;
-    if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(a.q_a, t, h) : nullptr, c * 8, a.Da);
-    else copy_chunk(dst, valid ? row_ptr(a.q_b, t, h) : nullptr, (c - a_chunks) * 8, a.Db);
+    if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(so.q_a, t, h) : nullptr, c * 8, a.Da);
+    else copy_chunk(dst, valid ? row_ptr(so.q_b, t, h) : nullptr, (c - a_chunks) * 8, a.Db);
   }
 
   auto load_tile = [&](int j, int buf) {
@@ -200,8 +222,8 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
       const int r = e / qk_chunks, c = e % qk_chunks;
       const bool valid = k0 + r < key_hi;
       uint16_t* dst = kd + r * L.ld_qk + c * 8;
-      if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(a.k_a, k0 + r, group) : nullptr, c * 8, a.Da);
-      else copy_chunk(dst, valid ? row_ptr(a.k_b, k0 + r, group) : nullptr, (c - a_chunks) * 8, a.Db);
+      if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(so.k_a, k0 + r, group) : nullptr, c * 8, a.Da);
+      else copy_chunk(dst, valid ? row_ptr(so.k_b, k0 + r, group) : nullptr, (c - a_chunks) * 8, a.Db);
     }
     if (!a.v_is_k_a) {
       const int v_chunks = L.dv16 / 8;
@@ -209,7 +231,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
       for (int e = tid; e < BN * v_chunks; e += kThreads) {
         const int r = e / v_chunks, c = e % v_chunks;
         const bool valid = k0 + r < key_hi;
-        copy_chunk(vd + r * L.ld_v + c * 8, valid ? row_ptr(a.v, k0 + r, group) : nullptr, c * 8, a.Dv);
+        copy_chunk(vd + r * L.ld_v + c * 8, valid ? row_ptr(so.v, k0 + r, group) : nullptr, c * 8, a.Dv);
       }
     }
   };
@@ -359,7 +381,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
     const int64_t t = token_of(row), h = head_of(row);
     if (sp.splits == 1) {
       const float inv = 1.f / l_s[r];  // > 0: key 0 is visible to every row
-      char* base = static_cast<char*>(a.out);
+      char* base = static_cast<char*>(so.out);
       const int64_t off = t * a.out_row_stride + h * a.out_head_stride;
 #pragma unroll
       for (int n = 0; n < kColsPerWarp / 8; ++n)
@@ -372,7 +394,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
           else reinterpret_cast<__nv_bfloat16*>(base)[off + col] = __float2bfloat16_rn(v);
         }
     } else {
-      float* po = sp.partial_o + (static_cast<int64_t>(blockIdx.y) * TH + t * a.H + h) * a.Dv;
+      float* po = sp.partial_o + (split_index * TH + t * a.H + h) * a.Dv;
 #pragma unroll
       for (int n = 0; n < kColsPerWarp / 8; ++n)
 #pragma unroll
@@ -386,7 +408,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
     for (int r = tid; r < BM; r += kThreads) {
       const int64_t row = row0 + r;
       if (row >= rows) continue;
-      float* ml = sp.partial_ml + (static_cast<int64_t>(blockIdx.y) * TH + token_of(row) * a.H + head_of(row)) * 2;
+      float* ml = sp.partial_ml + (split_index * TH + token_of(row) * a.H + head_of(row)) * 2;
       ml[0] = m_s[r];
       ml[1] = l_s[r];
     }
@@ -394,19 +416,23 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32) attn_tc_kernel(MlaAtten
 }
 
 // out[t, h, :] from the splits' partial sums: weights 2^(m_z - max m), in split order.
-__global__ void __launch_bounds__(128) attn_combine_kernel(MlaAttentionArgs a, AttnSplit sp) {
+__global__ void __launch_bounds__(128) attn_combine_kernel(const __grid_constant__ MlaAttentionArgs a, AttnSplit sp) {
   __shared__ float w_s[kAttnMaxSplits];
   __shared__ float inv_l;
-  const int64_t TH = a.T * a.H, row = blockIdx.x;  // row = t * H + h
+  const int64_t TH = a.T * a.H, row = blockIdx.x;  // row = t * H + h of sequence blockIdx.y
+  const AttnSeqOperands so = seq_operands(a, static_cast<int>(blockIdx.y));
+  // This row's slots: split z of sequence blockIdx.y at (blockIdx.y * splits + z) * TH + row.
+  const float* pml = sp.partial_ml + (static_cast<int64_t>(blockIdx.y) * sp.splits * TH + row) * 2;
+  const float* po = sp.partial_o + (static_cast<int64_t>(blockIdx.y) * sp.splits * TH + row) * a.Dv;
   if (threadIdx.x == 0) {
     float m = -INFINITY;
-    for (int z = 0; z < sp.splits; ++z) m = fmaxf(m, sp.partial_ml[(z * TH + row) * 2]);
+    for (int z = 0; z < sp.splits; ++z) m = fmaxf(m, pml[z * TH * 2]);
     float l = 0.f;
     for (int z = 0; z < sp.splits; ++z) {
-      const float mz = sp.partial_ml[(z * TH + row) * 2];
+      const float mz = pml[z * TH * 2];
       const float w = mz == -INFINITY ? 0.f : exp2f(mz - m);  // a split with no visible key
       w_s[z] = w;
-      l += w * sp.partial_ml[(z * TH + row) * 2 + 1];
+      l += w * pml[z * TH * 2 + 1];
     }
     inv_l = 1.f / l;
   }
@@ -415,10 +441,10 @@ __global__ void __launch_bounds__(128) attn_combine_kernel(MlaAttentionArgs a, A
   const int64_t off = t * a.out_row_stride + h * a.out_head_stride;
   for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
     float o = 0.f;
-    for (int z = 0; z < sp.splits; ++z) o += w_s[z] * sp.partial_o[(z * TH + row) * a.Dv + d];
+    for (int z = 0; z < sp.splits; ++z) o += w_s[z] * po[z * TH * a.Dv + d];
     o *= inv_l;
-    if (a.out_f32) static_cast<float*>(a.out)[off + d] = o;
-    else static_cast<__nv_bfloat16*>(a.out)[off + d] = __float2bfloat16_rn(o);
+    if (a.out_f32) static_cast<float*>(so.out)[off + d] = o;
+    else static_cast<__nv_bfloat16*>(so.out)[off + d] = __float2bfloat16_rn(o);
   }
 }
 
@@ -469,7 +495,8 @@ void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_
   const int64_t ctas = (rows + BM - 1) / BM * groups;
   LOCUS_CHECK(ctas <= 0x7fffffff && split.splits >= 1 && split.splits <= kAttnMaxSplits,
               "MLA attention: ", ctas, " row tiles x ", split.splits, " key splits do not fit one launch");
-  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(split.splits));
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(split.splits),
+                  static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
   const dim3 block(kRowGroups * parts * 32);
   switch (parts) {
     case 1: attn_tc_kernel<1><<<grid, block, smem_bytes, stream>>>(a, split); break;
@@ -482,7 +509,8 @@ void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_
 void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream) {
   const int64_t rows = a.T * a.H;
   LOCUS_CHECK(rows <= 0x7fffffff, "MLA attention: ", rows, " (token, head) rows do not fit one launch");
-  attn_combine_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(a, split);
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
+  attn_combine_kernel<<<grid, 128, 0, stream>>>(a, split);
   LOCUS_CUDA_CHECK_LAUNCH("MLA attention split-combine kernel launch");
 }
 

@@ -32,11 +32,11 @@ bool same_view(const Tensor& a, const Tensor& b) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Key splits: enough CTAs for every SM of the stream's partition (or the device) when the row
-// tiles alone are too few, each split at least kMinKeysPerSplit keys.
-detail::AttnSplit plan_splits(const detail::MlaAttentionArgs& a, cudaStream_t stream, int device) {
+// tiles alone (of every sequence in the launch) are too few, each split at least
+// kMinKeysPerSplit keys; `keys` is the most keys any row sees.
+detail::AttnSplit plan_splits(const detail::MlaAttentionArgs& a, int64_t keys, cudaStream_t stream, int device) {
   const int64_t rows = a.per_head_groups ? a.T : a.T * a.H;
-  const int64_t ctas = ceil_div(rows, detail::kAttnTcRows) * (a.per_head_groups ? a.H : 1);
-  const int64_t keys = a.q_start + a.T;  // the most keys any row sees
+  const int64_t ctas = ceil_div(rows, detail::kAttnTcRows) * (a.per_head_groups ? a.H : 1) * std::max(a.num_seqs, 1);
   int sms = detail::partition_stream_sm_count(stream);
   if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
   const int64_t slots = static_cast<int64_t>(sms) * detail::attn_tc_ctas_per_sm(a, device);
@@ -50,23 +50,20 @@ detail::AttnSplit plan_splits(const detail::MlaAttentionArgs& a, cudaStream_t st
   return sp;
 }
 
-}  // namespace
+void set_device(const Tensor& t) {
+  const int device = t.device().index;
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != device) LOCUS_CUDA_CHECK(cudaSetDevice(device));
+}
 
-void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
-                   const Tensor& out, float scale, int64_t q_start, void* stream) {
+// The kernel arguments of one mla_attention call (sizes checked against int range).
+detail::MlaAttentionArgs make_args(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b,
+                                   const Tensor& v, const Tensor& out, float scale, int64_t q_start) {
   const char* op = "cuda::mla_attention";
-  LOCUS_CHECK(q_a.device().is_cuda(), op, ": q_a must be on a CUDA device, got ", q_a.describe());
-  const int64_t T = q_a.size(0), H = q_a.size(1), S = k_a.size(0);
-  const int64_t Da = q_a.size(2), Db = q_b.size(2), Dv = v.size(2);
-  if (T == 0 || H == 0 || Dv == 0) return;
+  const int64_t S = k_a.size(0), Da = q_a.size(2), Db = q_b.size(2), Dv = v.size(2);
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   LOCUS_CHECK(S < kIntMax && Da < kIntMax && Db < kIntMax && Dv < kIntMax, op, ": sizes beyond the kernels' range (S ",
               S, ", head dims ", Da, ", ", Db, ", ", Dv, ")");
-  const int device = q_a.device().index;
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != device) LOCUS_CUDA_CHECK(cudaSetDevice(device));
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-
   detail::MlaAttentionArgs a;
   a.q_a = operand(q_a);
   a.q_b = operand(q_b);
@@ -77,8 +74,8 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
   a.out_row_stride = out.stride(0);
   a.out_head_stride = out.stride(1);
   a.out_f32 = out.dtype() == DType::kFP32;
-  a.T = T;
-  a.H = H;
+  a.T = q_a.size(0);
+  a.H = q_a.size(1);
   a.S = S;
   a.Da = static_cast<int>(Da);
   a.Db = static_cast<int>(Db);
@@ -86,27 +83,116 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
   a.q_start = q_start;
   a.scale = scale;
   a.v_is_k_a = same_view(v, k_a);
-  a.per_head_groups = H > 1 && (k_a.size(1) > 1 || k_b.size(1) > 1 || v.size(1) > 1);
+  a.per_head_groups = a.H > 1 && (k_a.size(1) > 1 || k_b.size(1) > 1 || v.size(1) > 1);
+  return a;
+}
 
-  const int smem_limit = device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+// Shared memory the tensor-core kernel needs for `a`, or 0 when it does not apply or does not fit.
+int tc_smem_fitting(const detail::MlaAttentionArgs& a, int device) {
   const int tc_smem = detail::attn_tc_smem_bytes(a);
-  if (tc_smem > 0 && tc_smem <= smem_limit) {
-    detail::AttnSplit sp = plan_splits(a, s, device);
-    if (sp.splits == 1) return detail::launch_attn_tc(a, sp, tc_smem, s);
-    const size_t partial_floats = static_cast<size_t>(sp.splits) * static_cast<size_t>(T * H);
-    float* scratch = static_cast<float*>(
-        detail::scratch_alloc(partial_floats * (static_cast<size_t>(Dv) + 2) * sizeof(float), s));
-    sp.partial_o = scratch;
-    sp.partial_ml = scratch + partial_floats * static_cast<size_t>(Dv);
-    detail::launch_attn_tc(a, sp, tc_smem, s);
-    detail::launch_attn_combine(a, sp, s);
-    detail::scratch_free(scratch, s);
-    return;
+  return tc_smem > 0 && tc_smem <= device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin) ? tc_smem : 0;
+}
+
+// The tensor-core kernel over `keys` keys at most, then the combine of its key splits.
+void run_tc(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
+  detail::AttnSplit sp = plan_splits(a, keys, s, device);
+  if (sp.splits == 1) return detail::launch_attn_tc(a, sp, tc_smem, s);
+  // [sequences][splits][T*H] slots of Dv partial sums, then of (max, sum).
+  const size_t partial_floats =
+      static_cast<size_t>(std::max(a.num_seqs, 1)) * static_cast<size_t>(sp.splits) * static_cast<size_t>(a.T * a.H);
+  float* scratch = static_cast<float*>(
+      detail::scratch_alloc(partial_floats * (static_cast<size_t>(a.Dv) + 2) * sizeof(float), s));
+  sp.partial_o = scratch;
+  sp.partial_ml = scratch + partial_floats * static_cast<size_t>(a.Dv);
+  detail::launch_attn_tc(a, sp, tc_smem, s);
+  detail::launch_attn_combine(a, sp, s);
+  detail::scratch_free(scratch, s);
+}
+
+// Element offset of `t`'s data from `base`'s (both bf16 views of device memory), when whole.
+bool element_delta(const Tensor& t, const Tensor& base, int64_t* delta) {
+  const auto diff = reinterpret_cast<intptr_t>(t.data_ptr()) - reinterpret_cast<intptr_t>(base.data_ptr());
+  if (diff % 2 != 0) return false;
+  *delta = static_cast<int64_t>(diff / 2);
+  return true;
+}
+
+// Whether every sequence's keys have sequence 0's layout (dtypes, heads, strides, the offsets of
+// k_b and v from k_a), so that one launch can carry them as pointers to k_a.
+bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_delta, int64_t* v_delta) {
+  const ops::AttentionKeys& k0 = keys[0];
+  if (!element_delta(k0.k_b, k0.k_a, k_b_delta) || !element_delta(k0.v, k0.k_a, v_delta)) return false;
+  for (const ops::AttentionKeys& k : keys) {
+    int64_t kb = 0, vd = 0;
+    for (auto [t, t0] : {std::pair{&k.k_a, &k0.k_a}, std::pair{&k.k_b, &k0.k_b}, std::pair{&k.v, &k0.v}}) {
+      if (t->dtype() != DType::kBF16 || t->dtype() != t0->dtype() || t->size(1) != t0->size(1) ||
+          t->size(2) != t0->size(2) || t->strides() != t0->strides())
+        return false;
+    }
+    if (!element_delta(k.k_b, k.k_a, &kb) || !element_delta(k.v, k.k_a, &vd) || kb != *k_b_delta || vd != *v_delta)
+      return false;
   }
+  return true;
+}
+
+}  // namespace
+
+void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
+                   const Tensor& out, float scale, int64_t q_start, void* stream) {
+  const char* op = "cuda::mla_attention";
+  LOCUS_CHECK(q_a.device().is_cuda(), op, ": q_a must be on a CUDA device, got ", q_a.describe());
+  if (q_a.size(0) == 0 || q_a.size(1) == 0 || v.size(2) == 0) return;
+  set_device(q_a);
+  const int device = q_a.device().index;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  detail::MlaAttentionArgs a = make_args(q_a, q_b, k_a, k_b, v, out, scale, q_start);
+  if (const int tc_smem = tc_smem_fitting(a, device)) return run_tc(a, a.q_start + a.T, tc_smem, s, device);
   const int simt_smem = detail::attn_simt_smem_bytes(a);
-  LOCUS_CHECK(simt_smem <= smem_limit, op, ": head dims ", Da, " + ", Db, " and ", Dv, " need ", simt_smem,
+  const int smem_limit = device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  LOCUS_CHECK(simt_smem <= smem_limit, op, ": head dims ", a.Da, " + ", a.Db, " and ", a.Dv, " need ", simt_smem,
               " bytes of shared memory per block, more than the device's ", smem_limit);
   detail::launch_attn_simt(a, s);
+}
+
+void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector<ops::AttentionKeys>& keys,
+                         const Tensor& out, float scale, void* stream) {
+  const int64_t B = static_cast<int64_t>(keys.size()), T = q_a.size(0) / B;
+  auto one_by_one = [&](int64_t first) {
+    for (int64_t i = first; i < B; ++i) {
+      const ops::AttentionKeys& k = keys[static_cast<size_t>(i)];
+      mla_attention(q_a.slice(0, i * T, (i + 1) * T), q_b.slice(0, i * T, (i + 1) * T), k.k_a, k.k_b, k.v,
+                    out.slice(0, i * T, (i + 1) * T), scale, k.k_a.size(0) - T, stream);
+    }
+  };
+  int64_t k_b_delta = 0, v_delta = 0;
+  if (B == 1 || q_a.size(1) == 0 || !same_key_layout(keys, &k_b_delta, &v_delta)) return one_by_one(0);
+  set_device(q_a);
+  const int device = q_a.device().index;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  for (int64_t first = 0; first < B; first += detail::kAttnMaxSeqs) {
+    const int64_t n = std::min<int64_t>(detail::kAttnMaxSeqs, B - first);
+    const ops::AttentionKeys& k0 = keys[static_cast<size_t>(first)];
+    const Tensor qa = q_a.slice(0, first * T, (first + n) * T), qb = q_b.slice(0, first * T, (first + n) * T);
+    const Tensor o = out.slice(0, first * T, (first + n) * T);
+    detail::MlaAttentionArgs a = make_args(qa.slice(0, 0, T), qb.slice(0, 0, T), k0.k_a, k0.k_b, k0.v,
+                                           o.slice(0, 0, T), scale, k0.k_a.size(0) - T);
+    const int tc_smem = tc_smem_fitting(a, device);
+    if (tc_smem == 0) return one_by_one(first);  // the CUDA-core kernel takes one sequence at a time
+    a.num_seqs = static_cast<int>(n);
+    a.k_b_delta = k_b_delta;
+    a.v_delta = v_delta;
+    int64_t keys_max = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const Tensor& k_a = keys[static_cast<size_t>(first + i)].k_a;
+      LOCUS_CHECK(k_a.size(0) < std::numeric_limits<int32_t>::max(), "cuda::mla_attention_batch: ", k_a.size(0),
+                  " keys are beyond the kernel's range");
+      a.seq_k_a[i] = k_a.data_ptr();
+      a.seq_keys[i] = static_cast<int32_t>(k_a.size(0));
+      keys_max = std::max(keys_max, k_a.size(0));
+    }
+    a.S = keys_max;
+    run_tc(a, keys_max, tc_smem, s, device);
+  }
 }
 
 }  // namespace locus::cuda

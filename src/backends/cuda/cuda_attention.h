@@ -6,11 +6,19 @@
 #pragma once
 #include <cstdint>
 
+#include <vector>
+
 #include "core/tensor.h"
+#include "ops/attention.h"
 
 namespace locus::cuda {
 
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream);
+// ops::mla_attention_batch: one launch of the tensor-core kernel (and one combine) for up to
+// kAttnMaxSeqs sequences whose keys share dtypes, strides and the offsets of k_b and v from k_a;
+// otherwise one mla_attention per sequence.
+void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector<ops::AttentionKeys>& keys,
+                         const Tensor& out, float scale, void* stream);
 
 }  // namespace locus::cuda

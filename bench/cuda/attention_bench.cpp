@@ -1,0 +1,112 @@
+// Device benchmark of MLA's absorbed decode attention at DeepSeek-V3's sizes (128 heads over one
+// latent head of 512 + 64 dims, one new token per sequence), as one layer of a decode step runs
+// it for a batch of B sequences of S keys each:
+//   per sequence  one ops::mla_attention call per sequence (what MLA::forward did before
+//                 mla_attention_batch; still its path when sequences append different counts);
+//   batch         one ops::mla_attention_batch call (one launch for up to 64 sequences).
+// Columns: us per layer call (median over replays of a graph of R calls, the two graphs
+// interleaved), and the caches' bytes read per second; each call reads its own copy of the
+// caches (rotated so that they exceed the L2).
+// usage: cuda_attention_bench [--batches B1,B2,..] [--keys S1,S2,..]
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "graph_timing.h"
+#include "ops/attention.h"
+
+using namespace locus;
+using namespace locus::bench;
+
+namespace {
+
+constexpr int64_t kHeads = 128, kLatent = 512, kRope = 64;
+
+// One batch's operands: queries and a cache per sequence, `copies` times over.
+struct Batch {
+  std::vector<Tensor> q_lat, q_pe, out;          // per copy
+  std::vector<std::vector<ops::AttentionKeys>> keys;  // per copy, per sequence
+};
+
+Batch make_batch(int64_t B, int64_t S, int copies, std::mt19937_64& rng) {
+  Batch b;
+  for (int c = 0; c < copies; ++c) {
+    b.q_lat.push_back(Tensor::empty({B, kHeads, kLatent}, DType::kBF16, Device::cuda(0)));
+    b.q_pe.push_back(Tensor::empty({B, kHeads, kRope}, DType::kBF16, Device::cuda(0)));
+    b.out.push_back(Tensor::empty({B, kHeads, kLatent}, DType::kBF16, Device::cuda(0)));
+    fill_random_bf16(b.q_lat.back(), rng);
+    fill_random_bf16(b.q_pe.back(), rng);
+    std::vector<ops::AttentionKeys> keys;
+    for (int64_t i = 0; i < B; ++i) {
+      Tensor cache = Tensor::empty({S, kLatent + kRope}, DType::kBF16, Device::cuda(0));
+      fill_random_bf16(cache, rng);
+      const Tensor kv = cache.slice(1, 0, kLatent).unsqueeze(1);
+      keys.push_back({kv, cache.slice(1, kLatent, kLatent + kRope).unsqueeze(1), kv});
+    }
+    b.keys.push_back(std::move(keys));
+  }
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> batches = {1, 8, 32}, key_counts = {64, 512, 4096};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--batches" && i + 1 < argc) {
+      if (!parse_m_list(argv[++i], 256, &batches)) return 2;
+    } else if (a == "--keys" && i + 1 < argc) {
+      if (!parse_m_list(argv[++i], 1 << 20, &key_counts)) return 2;
+    } else {
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_attention_bench [--batches B1,..] [--keys S1,..]\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (!cuda::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 1;
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double bw = copy_bandwidth(s);
+  std::printf("MLA absorbed decode attention: %lld heads, latent %lld + rope %lld, one new token per sequence; copy "
+              "bandwidth %.0f GB/s\n\n",
+              static_cast<long long>(kHeads), static_cast<long long>(kLatent), static_cast<long long>(kRope),
+              bw * 1e-9);
+  std::printf("| sequences | keys each | per sequence us | batch us | per sequence / batch | batch GB/s | of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::mt19937_64 rng(7);
+  const float scale = 0.1f;
+  for (int64_t B : batches) {
+    for (int64_t S : key_counts) {
+      const double bytes = static_cast<double>(B * S * (kLatent + kRope) * 2);
+      const int copies = rotating_copies(bytes, 8);
+      const Batch b = make_batch(B, S, copies, rng);
+      constexpr int kCalls = 16;
+      auto call = [&](bool batched, int r) {
+        const int c = r % copies;
+        const Stream st{Device::cuda(0), s};
+        if (batched) return ops::mla_attention_batch(b.q_lat[c], b.q_pe[c], b.keys[c], b.out[c], scale, st);
+        for (int64_t i = 0; i < B; ++i) {
+          const ops::AttentionKeys& k = b.keys[c][static_cast<size_t>(i)];
+          ops::mla_attention(b.q_lat[c].slice(0, i, i + 1), b.q_pe[c].slice(0, i, i + 1), k.k_a, k.k_b, k.v,
+                             b.out[c].slice(0, i, i + 1), scale, S - 1, st);
+        }
+      };
+      double t[2] = {0, 0};
+      InterleavedTimer timer(s);
+      timer.add(&t[0], kCalls, [&](int r) { call(false, r); });
+      timer.add(&t[1], kCalls, [&](int r) { call(true, r); });
+      timer.run(20);
+      std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %.0f | %.0f%% |\n", static_cast<long long>(B),
+                  static_cast<long long>(S), t[0] * 1e6, t[1] * 1e6, t[0] / t[1], bytes / t[1] * 1e-9,
+                  100.0 * bytes / t[1] / bw);
+    }
+  }
+  return 0;
+}
