@@ -3,8 +3,10 @@
 #include "modules/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "core/host_profile.h"
 #include "modules/moe_routing_dump.h"
@@ -335,6 +337,10 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   Tensor ids = Tensor::empty({T, K}, DType::kI32, dev);
   std::optional<HostProfileScope> profile(std::in_place, "moe.route");
   route(x, w, ids, stream);
+  if (const IndexedExperts* ix = indexed_experts(T)) {
+    profile.reset();
+    return forward_indexed(*ix, x, w, ids, y, stream);
+  }
 
   // Group the (token, choice) pairs by expert on x's device: rows[r] = token of gathered row r,
   // slot[t, j] = the row holding token t's j-th choice, expert e's rows [offsets[e], offsets[e+1]).
@@ -369,6 +375,67 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   run_experts(xg, offsets_host, hg, og, stream);
   profile.emplace("moe.combine");
   ops::moe_combine(og, slot, w, shared, y, stream);
+}
+
+namespace {
+
+// -1: not read yet; else 0 / 1 (LOCUS_MOE_INDEXED, or set_moe_indexed_experts).
+std::atomic<int> g_indexed{-1};
+
+}  // namespace
+
+bool moe_indexed_experts() {
+  int v = g_indexed.load();
+  if (v < 0) {
+    const char* env = std::getenv("LOCUS_MOE_INDEXED");
+    v = env && std::string(env) == "0" ? 0 : 1;
+    g_indexed.store(v);
+  }
+  return v == 1;
+}
+
+void set_moe_indexed_experts(bool on) { g_indexed.store(on ? 1 : 0); }
+
+const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
+  if (!moe_indexed_experts() || experts_partitioned() || tokens * cfg_.top_k * 4 > cfg_.num_experts) return nullptr;
+  std::vector<const ops::Nvfp4Weight*> gu, dn;
+  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+    gu.push_back(gate_up_[e]->nvfp4_unit(-1));
+    dn.push_back(down_[e]->nvfp4_unit(-1));
+    if (gu.back() == nullptr || dn.back() == nullptr) return nullptr;
+  }
+  if (!indexed_ || indexed_->gate_up.weights() != gu || indexed_->down.weights() != dn)
+    indexed_ = std::make_unique<IndexedExperts>(gu, dn);
+  return indexed_.get();
+}
+
+const Tensor& MoE::pair_order_slots(int64_t tokens) const {
+  auto it = pair_order_slots_.find(tokens);
+  if (it != pair_order_slots_.end()) return it->second;
+  Tensor slots = Tensor::empty({tokens, cfg_.top_k}, DType::kI32);
+  for (int64_t i = 0; i < slots.numel(); ++i) slots.data<int32_t>()[i] = static_cast<int32_t>(i);
+  if (!device().is_cpu()) slots = slots.to(device());
+  return pair_order_slots_.emplace(tokens, slots).first->second;
+}
+
+void MoE::forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tensor& w, const Tensor& ids,
+                          const Tensor& y, const Stream& stream) const {
+  const int64_t T = x.size(0), K = cfg_.top_k, R = T * K, H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const Device dev = x.device();
+  std::optional<HostProfileScope> profile(std::in_place, "moe.experts");
+  // Pair i = t * K + j: token t's j-th expert, on token t's row; its outputs in row i.
+  Tensor h = Tensor::empty({R, I}, DType::kBF16, dev);
+  Tensor o = Tensor::empty({R, H}, DType::kFP32, dev);
+  ops::nvfp4_gemm_indexed(x, ids, ix.gate_up, h, /*swiglu=*/true, stream);
+  ops::nvfp4_gemm_indexed(h, ids.view({R, 1}), ix.down, o, /*swiglu=*/false, stream);
+  Tensor shared;
+  if (shared_) {
+    profile.emplace("moe.shared");
+    shared = Tensor::empty({T, H}, DType::kBF16, dev);
+    shared_->forward(x, shared, stream);
+  }
+  profile.emplace("moe.combine");
+  ops::moe_combine(o, pair_order_slots(T), w, shared, y, stream);
 }
 
 void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,

@@ -19,11 +19,13 @@
 //   experts.gate_up_proj [E, 2I, hidden], experts.down_proj [E, hidden, I] (HF in-memory fused form),
 //   shared_experts.{gate_proj,up_proj,down_proj}.{...}.
 #pragma once
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "modules/gated_mlp.h"
 #include "modules/linear.h"
+#include "ops/nvfp4_indexed.h"
 #include "ops/moe_routing.h"
 #include "ops/nvfp4_row_blocks.h"
 
@@ -120,6 +122,25 @@ class MoE : public Module {
   bool nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
                    Nvfp4Stage* st) const;
 
+  // Decode: with few (token, choice) pairs per expert, unpartitioned NVFP4 experts take their
+  // weights by the routed ids on the device (ops::nvfp4_gemm_indexed), so the offsets are never
+  // read back and nothing waits for the device. Null where that does not apply: the experts are
+  // not all single NVFP4 weights, they are partitioned, more than one pair in 4 experts would be
+  // routed (each pair reads its expert's weight, so tokens sharing one would read it again), or
+  // LOCUS_MOE_INDEXED=0.
+  struct IndexedExperts {
+    IndexedExperts(std::vector<const ops::Nvfp4Weight*> gu, std::vector<const ops::Nvfp4Weight*> dn)
+        : gate_up(std::move(gu)), down(std::move(dn)) {}
+    ops::Nvfp4WeightSet gate_up, down;
+  };
+  const IndexedExperts* indexed_experts(int64_t tokens) const;
+  // y from the routing (w, ids) through indexed_experts(T) and the shared experts.
+  void forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tensor& w, const Tensor& ids, const Tensor& y,
+                       const Stream& stream) const;
+  // The slot map of pairs in (token, choice) order (slot[t, j] = t * k + j) for T tokens, on
+  // the experts' device; made once per T.
+  const Tensor& pair_order_slots(int64_t tokens) const;
+
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;
   Tensor bias_;  // fp32 [E]
@@ -127,6 +148,13 @@ class MoE : public Module {
   std::unique_ptr<GatedMLP> shared_;
   locality::Plan experts_plan_;
   bool localized_ = false;
+  mutable std::unique_ptr<IndexedExperts> indexed_;      // rebuilt when the expert weights move
+  mutable std::map<int64_t, Tensor> pair_order_slots_;  // by token count
 };
+
+// Whether MoE decode may take unpartitioned NVFP4 experts by id on the device (MoE's
+// indexed_experts): LOCUS_MOE_INDEXED (default on, "0" off); tests and benchmarks switch it.
+bool moe_indexed_experts();
+void set_moe_indexed_experts(bool on);
 
 }  // namespace locus::modules

@@ -605,5 +605,22 @@ TEST_F(CudaMoe, Nvfp4ExpertsSharingLaunchesOrNotMatchCpu) {
   cuda::set_nvfp4_row_block_launches(was);
 }
 
+// Decode with few (token, choice) pairs per expert (T = 1 here: 4 pairs over 16 experts) takes
+// the NVFP4 experts by id on the device (ops::nvfp4_gemm_indexed, no offsets read back); the
+// same module with that off (LOCUS_MOE_INDEXED=0) groups the pairs by expert. Both match the CPU.
+TEST_F(CudaMoe, Nvfp4ExpertsByIdOnTheDeviceOrGroupedMatchCpu) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const MoeConfig c = config(locality::QuantKind::kNVFP4);
+  const MoeWeights w(c, seed, 1.0 / 16, 1.0 / 16);
+  const bool was = modules::moe_indexed_experts();
+  for (const bool indexed : {true, false}) {
+    SCOPED_TRACE(indexed ? "experts by id on the device" : "grouped by expert");
+    modules::set_moe_indexed_experts(indexed);
+    compare(c, nvfp4_moe_pieces(c, w, 1.f), w, seed + 100);
+  }
+  modules::set_moe_indexed_experts(was);
+}
+
 }  // namespace
 }  // namespace locus::testing

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/device_hooks.h"
+#include "core/host_profile.h"
 #include "module_test_util.h"
 #include "moe_test_util.h"
 
@@ -214,6 +215,60 @@ TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
       else EXPECT_TRUE(bitwise_equal(y, y_off));
     }
   }
+}
+
+// Decode with at most one (token, choice) pair in 4 experts takes NVFP4 experts by id
+// (ops::nvfp4_gemm_indexed; no offsets, no grouping): the host profile shows no grouping region,
+// and the output is bitwise what grouping the pairs by expert gives, and the reference's. With
+// more tokens the pairs are grouped either way.
+TEST(MoeTest, Nvfp4DecodeTakesExpertsByIdAsGroupingWould) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  MoeConfig c = small_cfg(64, 64, 8, 1);
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.expert_quant = locality::QuantKind::kNVFP4;
+  c.shared_quant = locality::QuantKind::kNVFP4;
+  MoeWeights w(c, seed);
+  modules::WeightMap pieces{{"gate.weight", w.gate}, {"gate.e_score_correction_bias", w.bias}};
+  auto add = [&](const std::string& prefix, Tensor* t, float global) {
+    const ops::Nvfp4Weight q = ops::nvfp4_quantize(*t, global);
+    pieces[prefix + "weight"] = q.packed;
+    pieces[prefix + "weight_scale"] = q.scales;
+    pieces[prefix + "weight_scale_2"] = fp32_scalar(q.global_scale);
+    *t = ops::nvfp4_dequantize(q);  // the reference uses the weights the module holds
+  };
+  auto add_mlp = [&](const std::string& prefix, Tensor* g, Tensor* u, Tensor* d) {
+    const float shared = std::max(ops::nvfp4_global_scale_for(*g), ops::nvfp4_global_scale_for(*u));
+    add(prefix + "gate_proj.", g, shared);  // one scale: the fused weight is one NVFP4 unit
+    add(prefix + "up_proj.", u, shared);
+    add(prefix + "down_proj.", d, ops::nvfp4_global_scale_for(*d));
+  };
+  for (int64_t e = 0; e < c.num_experts; ++e) add_mlp(str("experts.", e, "."), &w.g[e], &w.u[e], &w.d[e]);
+  add_mlp("shared_experts.", &w.sg, &w.su, &w.sd);
+  MoE moe(make_ld(0).ctx("mlp"), c);
+  for (const auto& [k, v] : pieces) moe.load(k, v);
+  moe.localize();
+  const bool was = modules::moe_indexed_experts();
+  const bool profiling = HostProfile::enabled();
+  HostProfile::set_enabled(true);
+  for (const int64_t T : {1, 3}) {  // 2 pairs over 8 experts: by id; 6: grouped
+    SCOPED_TRACE(T);
+    const Tensor x = randn({T, c.hidden_size}, DType::kBF16, seed + 1 + T);
+    modules::set_moe_indexed_experts(true);
+    HostProfile::reset();
+    const Tensor by_id = run(moe, x);
+    EXPECT_EQ(HostProfile::report().find("moe.group") == std::string::npos, T == 1) << HostProfile::report();
+    modules::set_moe_indexed_experts(false);
+    HostProfile::reset();
+    const Tensor grouped = run(moe, x);
+    EXPECT_NE(HostProfile::report().find("moe.group"), std::string::npos);
+    EXPECT_TRUE(bitwise_equal(by_id, grouped));
+    EXPECT_LT(rel_error(by_id, ref_moe(moe, x, w).v), bf16_gemm_tolerance(c.intermediate_size));
+  }
+  HostProfile::set_enabled(profiling);
+  HostProfile::reset();
+  modules::set_moe_indexed_experts(was);
 }
 
 TEST(MoeTest, StrictModeRefusesAnUnpartitionableMoe) {

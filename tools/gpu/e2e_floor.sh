@@ -9,7 +9,8 @@
 #   3. `locus plan --decode-batch 1,8 --bandwidth-gbs BW`: the weight bytes a decode step reads and
 #      the floor, the tokens/s that reading them at the copy bandwidth allows;
 #   4. `locus generate --backend cuda --ignore-eos --warmup` at batch 1 and 8, locality domains off and on
-#      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert): decode tokens/s and floor / measured
+#      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert, and LOCUS_MOE_INDEXED=0, experts
+#      grouped with their offsets read back): decode tokens/s and floor / measured
 #      (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
 #   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off;
@@ -109,7 +110,12 @@ for fmt in $formats; do
   # (LOCUS_NVFP4_ROW_BLOCKS=0; by default experts with equal row counts share a launch).
   runs=()
   for ld in $lds; do runs+=("$ld|$ld|"); done
-  [[ $fmt == nvfp4 && " $lds " == *" off "* ]] && runs+=("off, per expert|off|LOCUS_NVFP4_ROW_BLOCKS=0")
+  if [[ $fmt == nvfp4 && " $lds " == *" off "* ]]; then
+    runs+=("off, per expert|off|LOCUS_NVFP4_ROW_BLOCKS=0")
+    # Decode MoE takes its experts by id on the device where few pairs share an expert; this run
+    # groups them by expert with the offsets read back, as every batch did before.
+    runs+=("off, grouped experts|off|LOCUS_MOE_INDEXED=0")
+  fi
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs <<< "$run"
     set_ld_flags "$ld"

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/nvfp4.h"
+#include "ops/nvfp4_indexed.h"
 #include "ops/nvfp4_row_blocks.h"
 
 namespace locus::cuda {
@@ -101,6 +102,13 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
 // LOCUS_NVFP4_ROW_BLOCKS=0 or the setter turns it off.
 std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops::Nvfp4RowBlock>& blocks,
                                           const Tensor& y, bool swiglu, void* stream);
+// A device table of prepared (kCudaTiled) weights' buffers, in order (detail::StreamWeightRef
+// each): what ops::Nvfp4WeightSet hands the indexed kernel.
+Tensor nvfp4_weight_table(const std::vector<const ops::Nvfp4Weight*>& weights);
+// ops::nvfp4_gemm_indexed (operands checked there): one launch of the streaming kernel, one
+// batched part whose entry t*k + j reads x row t and looks weight ids[t, j] up in the table.
+void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const ops::Nvfp4WeightSet& set, const Tensor& y,
+                        bool swiglu, void* stream);
 bool nvfp4_row_block_launches();
 void set_nvfp4_row_block_launches(bool on);
 

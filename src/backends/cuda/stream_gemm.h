@@ -45,6 +45,13 @@ constexpr uint8_t kNoDomain = 0xFF;
 
 enum class StreamWeight : uint8_t { kBF16, kNVFP4 };
 
+// One NVFP4 weight of a table that a batched part indexes on the device (StreamGemmPart::weight_ids).
+struct StreamWeightRef {
+  const void* w = nullptr;
+  const uint16_t* scales = nullptr;
+  const float* global_scale = nullptr;
+};
+
 // One weight, or one domain's shard of it, and the outputs it produces. A part may be a batch of
 // weights (BMM: one per head), each with its own activations and output rows.
 struct StreamGemmPart {
@@ -61,6 +68,16 @@ struct StreamGemmPart {
   int64_t w_batch_stride = 0;           //   activations at x + b * x_batch_stride,
   int64_t x_batch_stride = 0;           //   outputs at y + y_offset + b * y_batch_stride (elements)
   int64_t y_batch_stride = 0;
+  // NVFP4 batched (MoE decode: which expert each (token, choice) slot takes is known only on the
+  // device): entry b streams weight_table[weight_ids[b]], read by the kernel after the previous
+  // kernel in the stream has finished (w, scales, global_scale unused); every weight of the table
+  // has this part's shape. An id outside [0, weight_count) gives the entry zero outputs (it reads
+  // entry 0 at scale 0). Entry b reads activation entry b / x_entry_div (each token's k slots
+  // share its row).
+  const StreamWeightRef* weight_table = nullptr;
+  const int32_t* weight_ids = nullptr;
+  int32_t weight_count = 0;
+  int32_t x_entry_div = 1;
   int32_t domain = 0;                   // the domain whose SMs own it
   // Filled by launch_stream_gemm:
   int32_t tiles = 0;                    // ceil(rows / 16) per batch entry

@@ -101,18 +101,32 @@ struct Format<StreamWeight::kNVFP4> {
     const uint8_t* w[kGroupTiles];  // the lane's 16 bytes of each tile in chunk u.c0 of the row
     const uint8_t* s;               // lanes 0..15: 16 bytes of tile lane/4's chunk-u.c0 scale codes
   };
+  // The weight batch entry `batch` streams: the part's own, or the table entry its id names
+  // (StreamGemmPart::weight_ids; an id out of range reads entry 0, with no global scale: its
+  // outputs are zero).
+  __device__ static StreamWeightRef weight(const StreamGemmPart& p, int batch) {
+    if (p.weight_ids == nullptr) return {p.w, p.scales, p.global_scale};
+    const int32_t id = p.weight_ids[batch];
+    if (id < 0 || id >= p.weight_count) {
+      StreamWeightRef r = p.weight_table[0];
+      r.global_scale = nullptr;
+      return r;
+    }
+    return p.weight_table[id];
+  }
   __device__ static Source source(const StreamGemmPart& p, int32_t chunks, const Segment& u, int lane) {
+    const StreamWeightRef wr = weight(p, u.batch);
     Source src;
 #pragma unroll
     for (int r = 0; r < kGroupTiles; ++r) {
       // Tiles past the part's end read its last tile (valid memory); their outputs are dropped.
       const int tile = min(u.group * kGroupTiles + r, p.tiles - 1);
       const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
-      src.w[r] = static_cast<const uint8_t*>(p.w) + (at * 32 + lane) * 16;
+      src.w[r] = static_cast<const uint8_t*>(wr.w) + (at * 32 + lane) * 16;
     }
     const int tile = min(u.group * kGroupTiles + (lane >> 2), p.tiles - 1);
     const int64_t at = nvfp4_tile_index(tile + u.half * p.up_offset, u.c0, chunks);
-    src.s = reinterpret_cast<const uint8_t*>(p.scales) + at * 64 + (lane & 3) * 16;
+    src.s = reinterpret_cast<const uint8_t*>(wr.scales) + at * 64 + (lane & 3) * 16;
     return src;
   }
   // Chunk j of a tile is j * 4 tiles after chunk 0 (group-major).
@@ -166,11 +180,15 @@ struct Format<StreamWeight::kNVFP4> {
       cp_async16(xslot + (m * 4 + t) * 32 + 16, valid ? src + 8 : src, valid);
     }
   }
-  __device__ static float out_scale(const StreamGemmPart& p) { return *p.global_scale * kNvfp4AccUnscale; }
+  __device__ static float out_scale(const StreamGemmPart& p, int batch) {
+    const float* g = weight(p, batch).global_scale;
+    return g != nullptr ? *g * kNvfp4AccUnscale : 0.f;
+  }
   // Asks L2 for the segment's codes and scales: lane r < kGroupTiles takes the storage group of
   // tile r, unless tile r - 1 shares it (a group's chunks are one stretch; up rows may start
   // mid-group). Returns the bytes asked for.
   __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t chunks, int64_t, const Segment& u, int lane) {
+    if (p.weight_ids != nullptr) return 0;  // which weight is known only once the previous kernel is done
     auto storage_group = [&](int r) {
       return (min(u.group * kGroupTiles + r, p.tiles - 1) + u.half * p.up_offset) / kGroupTiles;
     };
@@ -286,7 +304,7 @@ struct Format<StreamWeight::kBF16> {
       if (m < m_count) cp_async16(dst[i & 1] + i * 4 * kRowBytes, valid ? x + m * x_ld + kb : x, valid);
     }
   }
-  __device__ static float out_scale(const StreamGemmPart&) { return 1.f; }
+  __device__ static float out_scale(const StreamGemmPart&, int) { return 1.f; }
   // Asks L2 for the segment's weights: lane l for rows l and l + 32 of the group (K range clipped to K).
   __device__ static int64_t prefetch(const StreamGemmPart& p, int32_t, int64_t k, const Segment& u, int lane) {
     const int64_t k0 = static_cast<int64_t>(u.c0) * kChunkK, k1 = min(k, k0 + static_cast<int64_t>(u.n) * kChunkK);
@@ -305,7 +323,7 @@ struct Format<StreamWeight::kBF16> {
 template <StreamWeight F, int MB, int H>
 __device__ __forceinline__ void store_tile(const StreamGemmArgs& a, const StreamGemmPart& p, int batch, int tile,
                                            int lane, const float (&v)[H][MB][4]) {
-  store_fragments<MB, H>(a, p, batch, tile, lane, Format<F>::out_scale(p), v);
+  store_fragments<MB, H>(a, p, batch, tile, lane, Format<F>::out_scale(p, batch), v);
 }
 
 // The unit of `domain` that holds chunk x of the domain's rows laid end to end: the largest i with

@@ -48,7 +48,7 @@ __device__ __forceinline__ void warp_stream(const StreamGemmArgs& a, const Plan&
     const Segment u = decode_row<H>(a, domain, issue_row);  // c0 = 0
     const StreamGemmPart& p = a.parts[u.part];
     src = Fmt::source(p, pl.chunks, u, lane);  // chunk 0 of the row
-    x = (p.x ? p.x : a.x) + u.batch * p.x_batch_stride;
+    x = (p.x ? p.x : a.x) + u.batch / p.x_entry_div * p.x_batch_stride;
   };
   load_row();
   int issue_stage = 0;       // the stage chunk j goes into: j % stages, kept incrementally
@@ -223,7 +223,11 @@ void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& l
   pl.slot_bytes = ls.slot_bytes;
   pl.ring_bytes = ls.ring_bytes;
   pl.stages = ls.stages;
-  pl.overlapped = t.dependent_launch && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
+  // Parts that look their weights up on the device (weight_ids) read what the previous kernel
+  // wrote, so they never start before it ends.
+  bool indexed = false;
+  for (int i = 0; i < a.num_parts; ++i) indexed = indexed || a.parts[i].weight_ids != nullptr;
+  pl.overlapped = t.dependent_launch && !indexed && overlaps_previous(blocks, ls.max_blocks) ? 1 : 0;
   pl.prefetch_bytes = t.prefetch_kb > 0 ? t.prefetch_kb << 10 : kPrefetchBytes;
   pl.trace = t.trace;
   DependentLaunch launch(dim3(blocks), dim3(W * 32), ls.smem_bytes, stream, pl.overlapped != 0);

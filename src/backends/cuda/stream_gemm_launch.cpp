@@ -119,12 +119,16 @@ void check_stream_gemm_parts(const StreamGemmArgs& a, const char* kernel) {
               " domains (1..", kStreamGemmMaxDomains, ")");
   for (int i = 0; i < a.num_parts; ++i) {
     const StreamGemmPart& p = a.parts[i];
-    LOCUS_CHECK(p.w != nullptr && p.rows >= 1 && p.batch >= 1 && p.y_offset >= 0 && p.domain >= 0 &&
-                    p.domain < a.num_domains,
+    const bool indexed = p.weight_ids != nullptr;
+    LOCUS_CHECK((p.w != nullptr || indexed) && p.rows >= 1 && p.batch >= 1 && p.y_offset >= 0 && p.domain >= 0 &&
+                    p.domain < a.num_domains && p.x_entry_div >= 1,
                 kernel, ": part ", i, " is malformed (rows ", p.rows, ", batch ", p.batch, ", domain ", p.domain,
-                ")");
-    LOCUS_CHECK(p.batch == 1 || a.format == StreamWeight::kBF16, kernel, ": batched NVFP4 parts are not supported");
-    LOCUS_CHECK(a.format == StreamWeight::kBF16 || (p.scales != nullptr && p.global_scale != nullptr),
+                ", x_entry_div ", p.x_entry_div, ")");
+    LOCUS_CHECK(!indexed || (a.format == StreamWeight::kNVFP4 && p.weight_table != nullptr && p.weight_count >= 1),
+                kernel, ": part ", i, " indexes weights without an NVFP4 weight table");
+    LOCUS_CHECK(p.batch == 1 || a.format == StreamWeight::kBF16 || indexed, kernel,
+                ": batched NVFP4 parts need a weight table (weight_ids)");
+    LOCUS_CHECK(a.format == StreamWeight::kBF16 || indexed || (p.scales != nullptr && p.global_scale != nullptr),
                 kernel, ": NVFP4 part ", i, " has no scales");
   }
 }

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -40,6 +41,7 @@ namespace {
 using detail::StreamGemmArgs;
 using detail::StreamGemmPart;
 using detail::StreamWeight;
+using detail::StreamWeightRef;
 
 // Largest M the BF16 streaming kernel takes instead of cuBLASLt (LOCUS_STREAM_GEMM_BF16_MAX_M).
 // 0 by default: on the H200 (2026-12-03, docs/benchmarks.md) it takes 1.1-3x cuBLASLt's time at
@@ -212,6 +214,50 @@ std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops
     }
   }
   return each;
+}
+
+Tensor nvfp4_weight_table(const std::vector<const ops::Nvfp4Weight*>& weights) {
+  LOCUS_CHECK(!weights.empty(), "nvfp4_weight_table: no weights");
+  const Device dev = weights[0]->packed.device();
+  Tensor host = Tensor::empty({static_cast<int64_t>(weights.size() * sizeof(StreamWeightRef))}, DType::kU8);
+  auto* refs = reinterpret_cast<StreamWeightRef*>(host.data_ptr());
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const ops::Nvfp4Weight& w = *weights[i];
+    LOCUS_CHECK(w.layout == ops::Nvfp4Layout::kCudaTiled && w.packed.device() == dev, "nvfp4_weight_table: weight ",
+                i, " is not prepared for ", dev.name());
+    refs[i] = {w.packed.data_ptr(), w.scales.data<uint16_t>(), nvfp4_global_scale_device(w)};
+  }
+  return host.to(dev);
+}
+
+void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const ops::Nvfp4WeightSet& set, const Tensor& y,
+                        bool swiglu, void* stream) {
+  const char* op = "cuda::nvfp4_gemm_indexed";
+  const ops::Nvfp4Weight& w0 = *set.weights()[0];
+  LOCUS_CHECK(w0.layout == ops::Nvfp4Layout::kCudaTiled, op, ": the weights are not prepared for the GPU");
+  LOCUS_CHECK(x.stride(1) == 1 && y.stride(1) == 1, op, ": x and y need unit column strides");
+  const int64_t T = x.size(0), k = ids.size(1);
+  LOCUS_CHECK(T * k <= std::numeric_limits<int32_t>::max() && set.size() <= std::numeric_limits<int32_t>::max(), op,
+              ": ", T * k, " rows or ", set.size(), " weights are beyond the kernel's range");
+  const Tensor table = set.device_table();
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x.slice(0, 0, 1), y.slice(0, 0, 1), swiglu, Tensor());
+  a.num_parts = 1;
+  StreamGemmPart& p = a.parts[0];
+  LOCUS_CHECK(nvfp4_part(w0, swiglu, Tensor(), 0, 0, &p), op, ": a fused gate/up weight of ", w0.n,
+              " rows does not split into 16-row tiles");
+  p.w = nullptr;  // each entry's weight comes from the table
+  p.scales = nullptr;
+  p.global_scale = nullptr;
+  p.weight_table = static_cast<const StreamWeightRef*>(table.data_ptr());
+  p.weight_ids = ids.data<int32_t>();
+  p.weight_count = static_cast<int32_t>(set.size());
+  p.batch = static_cast<int32_t>(T * k);
+  p.x = x.data<uint16_t>();
+  p.x_batch_stride = x.stride(0);
+  p.x_entry_div = static_cast<int32_t>(k);
+  p.y_batch_stride = y.stride(0);
+  LOCUS_CHECK(launch_if_eligible(a, {}, false, x.device().index, stream), op,
+              ": the streaming kernel does not take x ", x.describe(), " (K % 16 == 0 and 16-byte aligned rows needed)");
 }
 
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }

@@ -420,7 +420,7 @@ bool launch_stream_gemm_tma(StreamGemmArgs& a, const StreamRows& work, int64_t g
   // rules do not promise to accept; such weights are tiny, the cp.async kernel takes them.
   if (a.format != StreamWeight::kNVFP4 || a.m > 16 || a.k < Nv::kChunkK || !device_has_tma(device)) return false;
   for (int i = 0; i < a.num_parts; ++i)
-    if (a.parts[i].x != nullptr && a.parts[i].x != a.x) return false;
+    if ((a.parts[i].x != nullptr && a.parts[i].x != a.x) || a.parts[i].weight_ids != nullptr) return false;
   return a.swiglu ? launch_for_warps<2>(a, work, groups_total, rows_total, sms, t, stream)
                   : launch_for_warps<1>(a, work, groups_total, rows_total, sms, t, stream);
 }
