@@ -182,8 +182,11 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32)
   const int64_t row_tiles = (rows + BM - 1) / BM;
   const int64_t group = blockIdx.x % groups;
   const int64_t row0 = (row_tiles - 1 - blockIdx.x / groups) * BM;
-  auto token_of = [&](int64_t r) { return a.per_head_groups ? r : r / a.H; };
-  auto head_of = [&](int64_t r) { return a.per_head_groups ? group : r % a.H; };
+  // Rows are below 2^31 (launch_attn_tc checks T * H): 32-bit divisions, a few instructions
+  // where 64-bit ones call a routine.
+  const int heads = static_cast<int>(a.H);
+  auto token_of = [&](int64_t r) -> int64_t { return a.per_head_groups ? r : static_cast<int>(r) / heads; };
+  auto head_of = [&](int64_t r) -> int64_t { return a.per_head_groups ? group : static_cast<int>(r) % heads; };
   const int64_t last_row = (row0 + BM < rows ? row0 + BM : rows) - 1;
   const int64_t causal_end = so.q_start + token_of(last_row) + 1;  // <= S (checked by the op)
   const int64_t key_lo = static_cast<int64_t>(blockIdx.y) * sp.split_keys;
@@ -203,35 +206,41 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32)
     l_s[r] = 0.f;
   }
 
-  // Query rows [q_a | q_b], zero-padded; committed with the first K/V tile.
+  // Query rows [q_a | q_b], zero-padded; committed with the first K/V tile. A warp per row, its
+  // lanes over the row's 16-byte chunks (the row's token and head worked out once).
   const int qk_chunks = L.dk16 / 8, a_chunks = L.da16 / 8;
-  for (int e = tid; e < BM * qk_chunks; e += kThreads) {
-    const int r = e / qk_chunks, c = e % qk_chunks;
+  for (int r = warp; r < BM; r += kWarps) {
     const int64_t row = row0 + r;
     const bool valid = row < rows;
     const int64_t t = valid ? token_of(row) : 0, h = valid ? head_of(row) : 0;
-    uint16_t* dst = Qs + r * L.ld_qk + c * 8;
-    if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(so.q_a, t, h) : nullptr, c * 8, a.Da);
-    else copy_chunk(dst, valid ? row_ptr(so.q_b, t, h) : nullptr, (c - a_chunks) * 8, a.Db);
+    const uint16_t* qa_row = valid ? row_ptr(so.q_a, t, h) : nullptr;
+    const uint16_t* qb_row = valid ? row_ptr(so.q_b, t, h) : nullptr;
+    for (int c = lane; c < qk_chunks; c += 32) {
+      uint16_t* dst = Qs + r * L.ld_qk + c * 8;
+      if (c < a_chunks) copy_chunk(dst, qa_row, c * 8, a.Da);
+      else copy_chunk(dst, qb_row, (c - a_chunks) * 8, a.Db);
+    }
   }
 
   auto load_tile = [&](int j, int buf) {
     const int64_t k0 = key_lo + static_cast<int64_t>(j) * BN;
     uint16_t* kd = Ks + buf * BN * L.ld_qk;
-    for (int e = tid; e < BN * qk_chunks; e += kThreads) {
-      const int r = e / qk_chunks, c = e % qk_chunks;
+    for (int r = warp; r < BN; r += kWarps) {  // a warp per key row, as the query rows
       const bool valid = k0 + r < key_hi;
-      uint16_t* dst = kd + r * L.ld_qk + c * 8;
-      if (c < a_chunks) copy_chunk(dst, valid ? row_ptr(so.k_a, k0 + r, group) : nullptr, c * 8, a.Da);
-      else copy_chunk(dst, valid ? row_ptr(so.k_b, k0 + r, group) : nullptr, (c - a_chunks) * 8, a.Db);
+      const uint16_t* ka_row = valid ? row_ptr(so.k_a, k0 + r, group) : nullptr;
+      const uint16_t* kb_row = valid ? row_ptr(so.k_b, k0 + r, group) : nullptr;
+      for (int c = lane; c < qk_chunks; c += 32) {
+        uint16_t* dst = kd + r * L.ld_qk + c * 8;
+        if (c < a_chunks) copy_chunk(dst, ka_row, c * 8, a.Da);
+        else copy_chunk(dst, kb_row, (c - a_chunks) * 8, a.Db);
+      }
     }
     if (!a.v_is_k_a) {
       const int v_chunks = L.dv16 / 8;
       uint16_t* vd = Vs + buf * BN * L.ld_v;
-      for (int e = tid; e < BN * v_chunks; e += kThreads) {
-        const int r = e / v_chunks, c = e % v_chunks;
-        const bool valid = k0 + r < key_hi;
-        copy_chunk(vd + r * L.ld_v + c * 8, valid ? row_ptr(so.v, k0 + r, group) : nullptr, c * 8, a.Dv);
+      for (int r = warp; r < BN; r += kWarps) {
+        const uint16_t* v_row = k0 + r < key_hi ? row_ptr(so.v, k0 + r, group) : nullptr;
+        for (int c = lane; c < v_chunks; c += 32) copy_chunk(vd + r * L.ld_v + c * 8, v_row, c * 8, a.Dv);
       }
     }
   };
@@ -493,6 +502,7 @@ void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_
   const int64_t groups = a.per_head_groups ? a.H : 1;
   const int64_t rows = a.per_head_groups ? a.T : a.T * a.H;
   const int64_t ctas = (rows + BM - 1) / BM * groups;
+  LOCUS_CHECK(a.T * a.H <= 0x7fffffff, "MLA attention: ", a.T, " tokens x ", a.H, " heads are beyond the kernel's range");
   LOCUS_CHECK(ctas <= 0x7fffffff && split.splits >= 1 && split.splits <= kAttnMaxSplits,
               "MLA attention: ", ctas, " row tiles x ", split.splits, " key splits do not fit one launch");
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(split.splits),
