@@ -101,7 +101,7 @@ for fmt in $formats; do
       timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
         LOCUS_KERNEL_TRACE_LAST_MS=20 "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
         --max-new-tokens $((tokens * 2)) --ignore-eos --warmup --quiet > "$OUT/trace.out" 2>&1
-      { echo; echo "$fmt, batch $batch, LD off: device time by kernel ($(grep '^locus:' "$OUT/trace.out" |
+      { echo; echo "$fmt, batch $batch, LD off: device time by kernel ($(grep -a '^locus:' "$OUT/trace.out" |
           sed -E 's/.*decode ([0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok\/s\)).*/decode \1/') under the tracer)";
         echo; cat "$trace" 2>/dev/null || { echo "no trace (see below)"; tail -5 "$OUT/trace.out"; }; } >> "$PROFILE"
     done
