@@ -66,13 +66,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (!cuda::device_available()) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (!start_device_bench(&s)) return 1;
   const double bw = copy_bandwidth(s);
   std::printf("MLA absorbed decode attention: %lld heads, latent %lld + rope %lld, one new token per sequence; copy "
               "bandwidth %.0f GB/s\n\n",

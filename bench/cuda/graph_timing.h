@@ -37,6 +37,18 @@ inline double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// What a device benchmark's main starts with: stdout line-buffered (each row as it is measured,
+// also into a file) and a non-blocking stream in *s. False, after saying so, without a device.
+inline bool start_device_bench(cudaStream_t* s) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (!cuda::device_available()) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return false;
+  }
+  CK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+  return true;
+}
+
 // Seconds of one replay of `g` on `s`, between the events `a` and `b`.
 inline double replay_seconds(const cuda::Graph& g, cudaStream_t s, cudaEvent_t a, cudaEvent_t b) {
   CK(cudaEventRecord(a, s));

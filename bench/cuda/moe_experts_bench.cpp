@@ -86,13 +86,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each row as it is measured, also into a file
-  if (!cuda::device_available()) {
-    std::fprintf(stderr, "no CUDA device\n");
-    return 1;
-  }
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (!start_device_bench(&s)) return 1;
   const double bw = copy_bandwidth(s);
   std::printf("NVFP4 routed experts of one MoE layer: hidden %lld, experts %lld wide, %lld of %lld per token; "
               "copy bandwidth %.0f GB/s\n\n",
