@@ -397,15 +397,35 @@ bool moe_indexed_experts() {
 void set_moe_indexed_experts(bool on) { g_indexed.store(on ? 1 : 0); }
 
 const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
-  if (!moe_indexed_experts() || experts_partitioned() || tokens * cfg_.top_k * 4 > cfg_.num_experts) return nullptr;
-  std::vector<const ops::Nvfp4Weight*> gu, dn;
-  for (int64_t e = 0; e < cfg_.num_experts; ++e) {
-    gu.push_back(gate_up_[e]->nvfp4_unit(-1));
-    dn.push_back(down_[e]->nvfp4_unit(-1));
-    if (gu.back() == nullptr || dn.back() == nullptr) return nullptr;
+  if (!moe_indexed_experts() || tokens * cfg_.top_k * 4 > cfg_.num_experts) return nullptr;
+  const int P = experts_partitioned() ? experts_plan_.layout.num_partitions() : 1;
+  bool same = indexed_ && static_cast<int>(indexed_->parts.size()) == P;
+  std::vector<std::vector<const ops::Nvfp4Weight*>> gu(static_cast<size_t>(P)), dn(static_cast<size_t>(P));
+  for (int i = 0; i < P; ++i) {
+    const int p = experts_partitioned() ? i : -1;
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+      gu[i].push_back(gate_up_[e]->nvfp4_unit(p));
+      dn[i].push_back(down_[e]->nvfp4_unit(p));
+      if (gu[i].back() == nullptr || dn[i].back() == nullptr) return nullptr;
+    }
+    same = same && indexed_->parts[i]->gate_up.weights() == gu[i] && indexed_->parts[i]->down.weights() == dn[i];
   }
-  if (!indexed_ || indexed_->gate_up.weights() != gu || indexed_->down.weights() != dn)
-    indexed_ = std::make_unique<IndexedExperts>(gu, dn);
+  if (same) return indexed_.get();
+  auto ix = std::make_unique<IndexedExperts>();
+  for (int i = 0; i < P; ++i) {
+    const int p = experts_partitioned() ? i : -1;
+    auto part = std::make_unique<IndexedPart>(gu[i], dn[i]);
+    expert_columns(*gate_up_[0], p, &part->h0, &part->h1);
+    expert_columns(*down_[0], p, &part->o0, &part->o1);
+    for (int64_t e = 1; e < cfg_.num_experts; ++e) {
+      int64_t h0, h1, o0, o1;
+      expert_columns(*gate_up_[e], p, &h0, &h1);
+      expert_columns(*down_[e], p, &o0, &o1);
+      if (h0 != part->h0 || h1 != part->h1 || o0 != part->o0 || o1 != part->o1) return nullptr;
+    }
+    ix->parts.push_back(std::move(part));
+  }
+  indexed_ = std::move(ix);
   return indexed_.get();
 }
 
@@ -426,8 +446,22 @@ void MoE::forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tenso
   // Pair i = t * K + j: token t's j-th expert, on token t's row; its outputs in row i.
   Tensor h = Tensor::empty({R, I}, DType::kBF16, dev);
   Tensor o = Tensor::empty({R, H}, DType::kFP32, dev);
-  ops::nvfp4_gemm_indexed(x, ids, ix.gate_up, h, /*swiglu=*/true, stream);
-  ops::nvfp4_gemm_indexed(h, ids.view({R, 1}), ix.down, o, /*swiglu=*/false, stream);
+  const Tensor pair_ids = ids.view({R, 1});
+  auto gate_up = [&](const IndexedPart& part, const Stream& s) {
+    ops::nvfp4_gemm_indexed(x, ids, part.gate_up, h.slice(1, part.h0, part.h1), /*swiglu=*/true, s);
+  };
+  auto down = [&](const IndexedPart& part, const Stream& s) {
+    ops::nvfp4_gemm_indexed(h, pair_ids, part.down, o.slice(1, part.o0, part.o1), /*swiglu=*/false, s);
+  };
+  if (experts_partitioned()) {
+    // One fork/join per stage, as in run_experts: the down projections read every partition's h.
+    const auto streams = ctx_.runtime->partition_streams(static_cast<int>(ix.parts.size()));
+    ops::run_partitioned(stream, streams, [&](int p) { gate_up(*ix.parts[static_cast<size_t>(p)], streams[p]); });
+    ops::run_partitioned(stream, streams, [&](int p) { down(*ix.parts[static_cast<size_t>(p)], streams[p]); });
+  } else {
+    gate_up(*ix.parts[0], stream);
+    down(*ix.parts[0], stream);
+  }
   Tensor shared;
   if (shared_) {
     profile.emplace("moe.shared");
@@ -475,18 +509,19 @@ void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, con
   for (int64_t e : active) down_[e]->forward(rows_of(hg, e), rows_of(og, e), stream);
 }
 
+void MoE::expert_columns(const Linear& l, int p, int64_t* c0, int64_t* c1) {
+  if (p < 0) {
+    *c0 = 0;
+    *c1 = l.out_features();
+  } else {
+    *c0 = l.plan().layout.parts[static_cast<size_t>(p)].n0;
+    *c1 = l.plan().layout.parts[static_cast<size_t>(p)].n1;
+  }
+}
+
 bool MoE::nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
                       Nvfp4Stage* st) const {
-  // The columns partition p writes (every expert's plan splits alike), or all of them.
-  auto columns = [&](const Linear& l, int64_t* c0, int64_t* c1) {
-    if (p < 0) {
-      *c0 = 0;
-      *c1 = l.out_features();
-    } else {
-      *c0 = l.plan().layout.parts[static_cast<size_t>(p)].n0;
-      *c1 = l.plan().layout.parts[static_cast<size_t>(p)].n1;
-    }
-  };
+  auto columns = [&](const Linear& l, int64_t* c0, int64_t* c1) { expert_columns(l, p, c0, c1); };
   for (size_t i = 0; i < active.size(); ++i) {
     const int64_t e = active[i];
     const ops::Nvfp4Weight* gu = gate_up_[e]->nvfp4_unit(p);

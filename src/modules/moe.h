@@ -121,17 +121,25 @@ class MoE : public Module {
   };
   bool nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
                    Nvfp4Stage* st) const;
+  // The output columns partition p of an expert linear writes (every expert's plan splits
+  // alike), or all of them for p < 0.
+  static void expert_columns(const Linear& l, int p, int64_t* c0, int64_t* c1);
 
-  // Decode: with few (token, choice) pairs per expert, unpartitioned NVFP4 experts take their
-  // weights by the routed ids on the device (ops::nvfp4_gemm_indexed), so the offsets are never
-  // read back and nothing waits for the device. Null where that does not apply: the experts are
-  // not all single NVFP4 weights, they are partitioned, more than one pair in 4 experts would be
-  // routed (each pair reads its expert's weight, so tokens sharing one would read it again), or
-  // LOCUS_MOE_INDEXED=0.
-  struct IndexedExperts {
-    IndexedExperts(std::vector<const ops::Nvfp4Weight*> gu, std::vector<const ops::Nvfp4Weight*> dn)
+  // Decode: with few (token, choice) pairs per expert, NVFP4 experts take their weights by the
+  // routed ids on the device (ops::nvfp4_gemm_indexed), so the offsets are never read back and
+  // nothing waits for the device; partitioned experts do so per partition, each on its shards
+  // and its columns of the two stages' outputs, inside the same fork/joins as the grouped path.
+  // Null where that does not apply: an expert's linears are not single NVFP4 weights (per
+  // partition), more than one pair in 4 experts would be routed (each pair reads its expert's
+  // weight, so tokens sharing one would read it again), or LOCUS_MOE_INDEXED=0.
+  struct IndexedPart {
+    IndexedPart(std::vector<const ops::Nvfp4Weight*> gu, std::vector<const ops::Nvfp4Weight*> dn)
         : gate_up(std::move(gu)), down(std::move(dn)) {}
     ops::Nvfp4WeightSet gate_up, down;
+    int64_t h0 = 0, h1 = 0, o0 = 0, o1 = 0;  // the columns of the gate/up and down outputs
+  };
+  struct IndexedExperts {
+    std::vector<std::unique_ptr<IndexedPart>> parts;  // one per partition, or one (unpartitioned)
   };
   const IndexedExperts* indexed_experts(int64_t tokens) const;
   // y from the routing (w, ids) through indexed_experts(T) and the shared experts.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "core/device_hooks.h"
 #include "core/host_profile.h"
@@ -218,13 +219,14 @@ TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
 }
 
 // Decode with at most one (token, choice) pair in 4 experts takes NVFP4 experts by id
-// (ops::nvfp4_gemm_indexed; no offsets, no grouping): the host profile shows no grouping region,
-// and the output is bitwise what grouping the pairs by expert gives, and the reference's. With
-// more tokens the pairs are grouped either way.
+// (ops::nvfp4_gemm_indexed; no offsets, no grouping), unpartitioned or per partition on its
+// shards: the host profile shows no grouping region, and the output is bitwise what grouping the
+// pairs by expert gives, and LD off's, and matches the reference. With more tokens the pairs are
+// grouped either way.
 TEST(MoeTest, Nvfp4DecodeTakesExpertsByIdAsGroupingWould) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
-  MoeConfig c = small_cfg(64, 64, 8, 1);
+  MoeConfig c = small_cfg(256, 256, 8, 1);  // NVFP4 partitions need 128-row multiples
   c.n_group = 1;
   c.topk_group = 1;
   c.expert_quant = locality::QuantKind::kNVFP4;
@@ -246,25 +248,32 @@ TEST(MoeTest, Nvfp4DecodeTakesExpertsByIdAsGroupingWould) {
   };
   for (int64_t e = 0; e < c.num_experts; ++e) add_mlp(str("experts.", e, "."), &w.g[e], &w.u[e], &w.d[e]);
   add_mlp("shared_experts.", &w.sg, &w.su, &w.sd);
-  MoE moe(make_ld(0).ctx("mlp"), c);
-  for (const auto& [k, v] : pieces) moe.load(k, v);
-  moe.localize();
   const bool was = modules::moe_indexed_experts();
   const bool profiling = HostProfile::enabled();
   HostProfile::set_enabled(true);
-  for (const int64_t T : {1, 3}) {  // 2 pairs over 8 experts: by id; 6: grouped
-    SCOPED_TRACE(T);
-    const Tensor x = randn({T, c.hidden_size}, DType::kBF16, seed + 1 + T);
-    modules::set_moe_indexed_experts(true);
-    HostProfile::reset();
-    const Tensor by_id = run(moe, x);
-    EXPECT_EQ(HostProfile::report().find("moe.group") == std::string::npos, T == 1) << HostProfile::report();
-    modules::set_moe_indexed_experts(false);
-    HostProfile::reset();
-    const Tensor grouped = run(moe, x);
-    EXPECT_NE(HostProfile::report().find("moe.group"), std::string::npos);
-    EXPECT_TRUE(bitwise_equal(by_id, grouped));
-    EXPECT_LT(rel_error(by_id, ref_moe(moe, x, w).v), bf16_gemm_tolerance(c.intermediate_size));
+  std::map<int64_t, Tensor> ld_off;  // by T
+  for (const int domains : {0, 2}) {  // unpartitioned, then each partition on its shards
+    SCOPED_TRACE(domains);
+    MoE moe(make_ld(domains).ctx("mlp"), c);
+    for (const auto& [k, v] : pieces) moe.load(k, v);
+    moe.localize();
+    ASSERT_EQ(moe.experts_plan().enabled, domains == 2) << moe.experts_plan().describe();
+    for (const int64_t T : {1, 3}) {  // 2 pairs over 8 experts: by id; 6: grouped
+      SCOPED_TRACE(T);
+      const Tensor x = randn({T, c.hidden_size}, DType::kBF16, seed + 1 + T);
+      modules::set_moe_indexed_experts(true);
+      HostProfile::reset();
+      const Tensor by_id = run(moe, x);
+      EXPECT_EQ(HostProfile::report().find("moe.group") == std::string::npos, T == 1) << HostProfile::report();
+      modules::set_moe_indexed_experts(false);
+      HostProfile::reset();
+      const Tensor grouped = run(moe, x);
+      EXPECT_NE(HostProfile::report().find("moe.group"), std::string::npos);
+      EXPECT_TRUE(bitwise_equal(by_id, grouped));
+      EXPECT_LT(rel_error(by_id, ref_moe(moe, x, w).v), bf16_gemm_tolerance(c.intermediate_size));
+      if (domains == 0) ld_off[T] = by_id;
+      else EXPECT_TRUE(bitwise_equal(by_id, ld_off[T]));
+    }
   }
   HostProfile::set_enabled(profiling);
   HostProfile::reset();
