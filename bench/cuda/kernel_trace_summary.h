@@ -106,9 +106,11 @@ inline std::string short_kernel_name(std::string n) {
 
 // The summary as a Markdown table (per-call and per-window shares), with a header line.
 inline void print_trace_summary(FILE* out, const TraceSummary& s, double last_ms) {
+  char window[64] = "";
+  if (last_ms > 0) std::snprintf(window, sizeof window, " (last %g ms)", last_ms);
   std::fprintf(out, "kernel trace%s: %lld activities over %.1f us, device busy %.1f us (%.1f%%), %lld idle gaps > 5 us "
                "(%.1f us)\n\n",
-               last_ms > 0 ? (" (last " + std::to_string(last_ms) + " ms)").c_str() : "",
+               window,
                static_cast<long long>(s.activities), s.window_us, s.busy_us,
                s.window_us > 0 ? 100.0 * s.busy_us / s.window_us : 0.0, static_cast<long long>(s.gaps_over_5us),
                s.gaps_over_5us_total_us);

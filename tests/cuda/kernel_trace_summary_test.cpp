@@ -6,6 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 namespace locus::bench {
 namespace {
 
@@ -49,6 +53,21 @@ TEST(KernelTraceSummary, KernelNamesAreShortened) {
   EXPECT_EQ(short_kernel_name("rmsnorm_kernel(float const*, int)"), "rmsnorm_kernel");
   EXPECT_EQ(short_kernel_name("plain"), "plain");
   EXPECT_EQ(short_kernel_name(std::string(150, 'k')).size(), 100u);
+}
+
+TEST(KernelTraceSummary, PrintsAHeaderAndOneRowPerName) {
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* out = open_memstream(&buf, &len);
+  ASSERT_NE(out, nullptr);
+  print_trace_summary(out, summarize_trace({{"a", 0, 10000}, {"a", 12000, 13000}}, 2.0), 2.0);
+  std::fclose(out);
+  const std::string text(buf, len);
+  std::free(buf);
+  EXPECT_NE(text.find("kernel trace (last 2 ms): 2 activities over 13.0 us, device busy 11.0 us (84.6%)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("| a | 2 | 11.0 | 5.50 | 100.0% |"), std::string::npos) << text;
 }
 
 }  // namespace
