@@ -399,22 +399,26 @@ void set_moe_indexed_experts(bool on) { g_indexed.store(on ? 1 : 0); }
 const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
   if (!moe_indexed_experts() || tokens * cfg_.top_k * 4 > cfg_.num_experts) return nullptr;
   const int P = experts_partitioned() ? experts_plan_.layout.num_partitions() : 1;
+  auto partition = [&](int i) { return experts_partitioned() ? i : -1; };
+  // The cached sets hold while every expert's units are where they were (no per-call copies).
   bool same = indexed_ && static_cast<int>(indexed_->parts.size()) == P;
-  std::vector<std::vector<const ops::Nvfp4Weight*>> gu(static_cast<size_t>(P)), dn(static_cast<size_t>(P));
-  for (int i = 0; i < P; ++i) {
-    const int p = experts_partitioned() ? i : -1;
-    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
-      gu[i].push_back(gate_up_[e]->nvfp4_unit(p));
-      dn[i].push_back(down_[e]->nvfp4_unit(p));
-      if (gu[i].back() == nullptr || dn[i].back() == nullptr) return nullptr;
-    }
-    same = same && indexed_->parts[i]->gate_up.weights() == gu[i] && indexed_->parts[i]->down.weights() == dn[i];
+  for (int i = 0; i < P && same; ++i) {
+    const IndexedPart& part = *indexed_->parts[static_cast<size_t>(i)];
+    for (int64_t e = 0; e < cfg_.num_experts && same; ++e)
+      same = part.gate_up.weights()[e] == gate_up_[e]->nvfp4_unit(partition(i)) &&
+             part.down.weights()[e] == down_[e]->nvfp4_unit(partition(i));
   }
   if (same) return indexed_.get();
   auto ix = std::make_unique<IndexedExperts>();
   for (int i = 0; i < P; ++i) {
-    const int p = experts_partitioned() ? i : -1;
-    auto part = std::make_unique<IndexedPart>(gu[i], dn[i]);
+    const int p = partition(i);
+    std::vector<const ops::Nvfp4Weight*> gu, dn;
+    for (int64_t e = 0; e < cfg_.num_experts; ++e) {
+      gu.push_back(gate_up_[e]->nvfp4_unit(p));
+      dn.push_back(down_[e]->nvfp4_unit(p));
+      if (gu.back() == nullptr || dn.back() == nullptr) return nullptr;
+    }
+    auto part = std::make_unique<IndexedPart>(std::move(gu), std::move(dn));
     expert_columns(*gate_up_[0], p, &part->h0, &part->h1);
     expert_columns(*down_[0], p, &part->o0, &part->o1);
     for (int64_t e = 1; e < cfg_.num_experts; ++e) {
@@ -521,15 +525,14 @@ void MoE::expert_columns(const Linear& l, int p, int64_t* c0, int64_t* c1) {
 
 bool MoE::nvfp4_stage(int p, const std::vector<int64_t>& offsets, const std::vector<int64_t>& active,
                       Nvfp4Stage* st) const {
-  auto columns = [&](const Linear& l, int64_t* c0, int64_t* c1) { expert_columns(l, p, c0, c1); };
   for (size_t i = 0; i < active.size(); ++i) {
     const int64_t e = active[i];
     const ops::Nvfp4Weight* gu = gate_up_[e]->nvfp4_unit(p);
     const ops::Nvfp4Weight* dn = down_[e]->nvfp4_unit(p);
     if (gu == nullptr || dn == nullptr) return false;
     int64_t h0, h1, o0, o1;
-    columns(*gate_up_[e], &h0, &h1);
-    columns(*down_[e], &o0, &o1);
+    expert_columns(*gate_up_[e], p, &h0, &h1);
+    expert_columns(*down_[e], p, &o0, &o1);
     if (i == 0) *st = Nvfp4Stage{{}, {}, h0, h1, o0, o1};
     if (h0 != st->h0 || h1 != st->h1 || o0 != st->o0 || o1 != st->o1) return false;
     st->gate_up.push_back({gu, offsets[e], offsets[e + 1] - offsets[e]});

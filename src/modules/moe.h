@@ -160,8 +160,8 @@ class MoE : public Module {
   mutable std::map<int64_t, Tensor> pair_order_slots_;  // by token count
 };
 
-// Whether MoE decode may take unpartitioned NVFP4 experts by id on the device (MoE's
-// indexed_experts): LOCUS_MOE_INDEXED (default on, "0" off); tests and benchmarks switch it.
+// Whether MoE decode may take NVFP4 experts by id on the device (MoE's indexed_experts):
+// LOCUS_MOE_INDEXED (default on, "0" off); tests and benchmarks switch it.
 bool moe_indexed_experts();
 void set_moe_indexed_experts(bool on);
 

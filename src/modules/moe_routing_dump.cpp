@@ -34,9 +34,12 @@ struct DumpReader {
     return v;
   }
   std::string take(size_t n) {
+    skip(n);
+    return bytes.substr(pos - n, n);
+  }
+  void skip(size_t n) {
     need(n);
     pos += n;
-    return bytes.substr(pos - n, n);
   }
 };
 
@@ -92,35 +95,35 @@ RoutingReplay::RoutingReplay(const std::string& path) : path_(path) {
     r.u32();  // topk_group
     r.u32();  // scoring
     const bool has_bias = r.u32() != 0;
-    r.take(static_cast<size_t>(rec.tokens * rec.experts) * 4 + (has_bias ? static_cast<size_t>(rec.experts) * 4 : 0));
-    const std::string ids = r.take(static_cast<size_t>(rec.tokens * rec.top_k) * 4);
+    r.skip(static_cast<size_t>(rec.tokens * rec.experts) * 4 + (has_bias ? static_cast<size_t>(rec.experts) * 4 : 0));
     rec.ids.resize(static_cast<size_t>(rec.tokens * rec.top_k));
-    std::memcpy(rec.ids.data(), ids.data(), ids.size());
+    const size_t id_bytes = rec.ids.size() * sizeof(int32_t);
+    r.need(id_bytes);
+    std::memcpy(rec.ids.data(), r.bytes.data() + r.pos, id_bytes);
+    r.pos += id_bytes;
     records_[layer].push_back(std::move(rec));
   }
 }
 
 void RoutingReplay::route(const std::string& layer, const Tensor& logits, const ops::MoeRoutingConfig& cfg,
                           const Tensor& weights, const Tensor& ids) {
-  Record rec;
+  const Record* rec = nullptr;  // records_ is not changed after the constructor
   size_t index = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = records_.find(layer);
-    const size_t used = next_[layer];
-    LOCUS_CHECK(it != records_.end() && used < it->second.size(), "LOCUS_ROUTING_REPLAY: '", path_, "' has no record ",
-                used, " for ", layer, " (it holds ", it == records_.end() ? 0 : it->second.size(),
+    index = next_[layer]++;
+    LOCUS_CHECK(it != records_.end() && index < it->second.size(), "LOCUS_ROUTING_REPLAY: '", path_,
+                "' has no record ", index, " for ", layer, " (it holds ", it == records_.end() ? 0 : it->second.size(),
                 "): were the same prompts dumped?");
-    rec = it->second[used];
-    index = used;
-    ++next_[layer];
+    rec = &it->second[index];
   }
   const int64_t T = logits.size(0);
-  LOCUS_CHECK(rec.tokens == T && rec.experts == cfg.num_experts && rec.top_k == cfg.top_k, "LOCUS_ROUTING_REPLAY: ",
-              layer, "'s record ", index, " in '", path_, "' has ", rec.tokens, " tokens, ", rec.experts,
-              " experts, top_k ", rec.top_k, "; this call has ", T, ", ", cfg.num_experts, ", ", cfg.top_k);
+  LOCUS_CHECK(rec->tokens == T && rec->experts == cfg.num_experts && rec->top_k == cfg.top_k, "LOCUS_ROUTING_REPLAY: ",
+              layer, "'s record ", index, " in '", path_, "' has ", rec->tokens, " tokens, ", rec->experts,
+              " experts, top_k ", rec->top_k, "; this call has ", T, ", ", cfg.num_experts, ", ", cfg.top_k);
   Tensor forced = Tensor::empty({T, cfg.top_k}, DType::kI32);
-  std::memcpy(forced.data_ptr(), rec.ids.data(), rec.ids.size() * sizeof(int32_t));
+  std::memcpy(forced.data_ptr(), rec->ids.data(), rec->ids.size() * sizeof(int32_t));
   ops::moe_route_forced(logits, cfg, forced, weights, ids);
 }
 

@@ -25,10 +25,6 @@ void check_operand(const char* name, const Tensor& t, int64_t rows, int64_t head
   checks::size(op, name, t, 2, dim, "head dim");
 }
 
-}  // namespace
-
-namespace {
-
 // mla_attention's operand checks; T and S are q_a's and k_a's rows.
 void check_attention(const char* op, const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b,
                      const Tensor& v, const Tensor& out, int64_t q_start) {
