@@ -165,14 +165,12 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
   return logits.device().is_cpu() ? logits : logits.to(Device::cpu());
 }
 
-Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>& batch, bool all_logits,
-                                                modules::MlaPath path, const Stream& stream) {
+void DeepseekV3ForCausalLM::check_step(const std::vector<SequenceStep>& batch) const {
   LOCUS_CHECK(!batch.empty(), "DeepseekV3ForCausalLM::forward: empty batch");
   const LifecycleState st = state();
   LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
               "DeepseekV3ForCausalLM::forward: the model is ", modules::lifecycle_state_name(st),
               "; load every tensor and transform() first");
-  int64_t total = 0;
   for (size_t b = 0; b < batch.size(); ++b) {
     const SequenceStep& s = batch[b];
     LOCUS_CHECK(s.cache != nullptr, "forward: sequence ", b, " has no KV cache");
@@ -189,8 +187,14 @@ Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>&
                   " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
     for (size_t o = 0; o < b; ++o)
       LOCUS_CHECK(batch[o].cache != s.cache, "forward: sequences ", o, " and ", b, " share one KV cache");
-    total += n;
   }
+}
+
+Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>& batch, bool all_logits,
+                                                modules::MlaPath path, const Stream& stream) {
+  check_step(batch);
+  int64_t total = 0;
+  for (const SequenceStep& s : batch) total += static_cast<int64_t>(s.ids.size());
 
   // Token ids, positions and the rows whose logits are wanted, in one i32 buffer so that a device
   // model gets its inputs in one copy: [ids (total) | positions (total) | last row of each sequence].
@@ -245,11 +249,43 @@ Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>&
     rows = Tensor::empty({B, D}, DType::kBF16, dev);
     ops::embedding(x, last_rows, rows, stream);
   }
-  Tensor normed = Tensor::empty(rows.shape(), DType::kBF16, dev);
+  return logits_of(rows, stream);
+}
+
+Tensor DeepseekV3ForCausalLM::logits_of(const Tensor& rows, const Stream& stream) {
+  Tensor normed = Tensor::empty(rows.shape(), DType::kBF16, opts_.device);
   norm_->forward(rows, normed, stream);
-  Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, dev);
+  Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, opts_.device);
   lm_head_->forward(normed, logits, stream);
   return logits;
+}
+
+Tensor DeepseekV3ForCausalLM::forward_decode_table(const DecodeTables& in, const Stream& stream) {
+  const LifecycleState st = state();
+  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
+              "DeepseekV3ForCausalLM::forward_decode_table: the model is ", modules::lifecycle_state_name(st),
+              "; load every tensor and transform() first");
+  LOCUS_CHECK(in.ids.defined() && in.ids.dim() == 1 && in.ids.size(0) >= 1, "forward_decode_table: ids must be [B], B >= 1");
+  const int64_t B = in.ids.size(0), L = cfg_.num_hidden_layers;
+  LOCUS_CHECK(in.kv_rows.defined() && in.kv_rows.dim() == 2 && in.kv_rows.size(0) == L && in.kv_rows.size(1) == B,
+              "forward_decode_table: kv_rows must be [", L, " layers, ", B, " sequences], got ",
+              in.kv_rows.defined() ? in.kv_rows.describe() : std::string("nothing"));
+  const Device dev = opts_.device;
+  const int64_t D = cfg_.hidden_size;
+  Tensor x = Tensor::empty({B, D}, DType::kBF16, dev);
+  Tensor h = Tensor::empty({B, D}, DType::kBF16, dev);
+  Tensor a = Tensor::empty({B, D}, DType::kBF16, dev);
+  {
+    HostProfileScope profile("embed");
+    embed_->forward(in.ids, x, stream);
+  }
+  const int64_t width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
+  for (int64_t l = 0; l < L; ++l) {
+    const ops::KvTable table{in.kv_rows.select(0, l), in.lengths, width, in.max_keys};
+    layers_[static_cast<size_t>(l)]->forward_table(x, table, h, a, stream);
+  }
+  HostProfileScope head_profile("lm_head");
+  return logits_of(x, stream);
 }
 
 }  // namespace locus::models

@@ -35,6 +35,15 @@ struct SequenceStep {
   DeepseekV3Cache* cache = nullptr;
 };
 
+// A decode step's inputs on the model's device (one new token per sequence), for steps captured
+// in CUDA graphs (runtime/decode_graphs.h): a replay reads them where they are.
+struct DecodeTables {
+  Tensor ids;            // i32 [B]: each sequence's new token
+  Tensor lengths;        // i32 [B]: tokens each cache holds before the step (the new token's position)
+  Tensor kv_rows;        // i64 [layers, B]: address of row 0 of sequence b's layer-l latent cache
+  int64_t max_keys = 0;  // every lengths[b] + 1 is at most this
+};
+
 class DeepseekV3ForCausalLM : public modules::Module {
  public:
   DeepseekV3ForCausalLM(DeepseekV3Config cfg, DeepseekV3BuildOptions opts);
@@ -70,8 +79,16 @@ class DeepseekV3ForCausalLM : public modules::Module {
                  modules::MlaPath path = modules::MlaPath::kAuto, const Stream& stream = {});
   // forward() with the logits left on the model's device, for a caller that reduces them there
   // first (greedy decoding brings back one index per sequence). On the CPU it is forward().
+  // forward()'s checks of a batch (those named above), without running anything.
+  void check_step(const std::vector<SequenceStep>& batch) const;
   Tensor forward_on_device(const std::vector<SequenceStep>& batch, bool all_logits = false,
                            modules::MlaPath path = modules::MlaPath::kAuto, const Stream& stream = {});
+
+  // Decode from device tables: fp32 logits [B, vocab] on the device, the same as
+  // forward_on_device() over those caches (bitwise on the CPU). Checks only shapes: the caller
+  // builds the tables from caches it checked (ids in the vocabulary, room for one more token,
+  // positions within max_positions) and advances their host-side lengths after the step.
+  Tensor forward_decode_table(const DecodeTables& in, const Stream& stream = {});
 
   DecoderLayer& layer(int64_t i) { return *layers_.at(static_cast<size_t>(i)); }
   modules::Embedding& embed_tokens() { return *embed_; }
@@ -83,6 +100,8 @@ class DeepseekV3ForCausalLM : public modules::Module {
   // The child owning `name` and the name relative to it; null when none does.
   modules::Module* route(const std::string& name, std::string* rest) const;
   modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;  // unknown name: Error
+  // Final norm and lm_head over hidden rows [R, hidden]: fp32 logits [R, vocab].
+  Tensor logits_of(const Tensor& rows, const Stream& stream);
 
   DeepseekV3Config cfg_;
   DeepseekV3BuildOptions opts_;

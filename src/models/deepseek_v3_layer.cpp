@@ -176,13 +176,23 @@ void DecoderLayer::collect_plans(std::vector<modules::PlanRecord>* out) const {
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& positions, const std::vector<modules::MlaSequence>& seqs,
                            const Tensor& h, const Tensor& a, modules::MlaPath path, const Stream& stream) {
+  forward_around(x, h, a, stream, [&] { attn_->forward(h, positions, seqs, a, path, stream); });
+}
+
+void DecoderLayer::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& h, const Tensor& a,
+                                 const Stream& stream) {
+  forward_around(x, h, a, stream, [&] { attn_->forward_table(h, table, a, stream); });
+}
+
+void DecoderLayer::forward_around(const Tensor& x, const Tensor& h, const Tensor& a, const Stream& stream,
+                                  const std::function<void()>& attend) {
   {
     HostProfileScope profile("norms and residuals");
     input_layernorm_->forward(x, h, stream);
   }
   {
     HostProfileScope profile("mla");
-    attn_->forward(h, positions, seqs, a, path, stream);
+    attend();
   }
   {
     HostProfileScope profile("norms and residuals");

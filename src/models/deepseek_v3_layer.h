@@ -47,6 +47,10 @@ class DecoderLayer : public modules::Module {
   // scratch. seqs/positions as for modules::MLA::forward (this layer's caches).
   void forward(const Tensor& x, const Tensor& positions, const std::vector<modules::MlaSequence>& seqs,
                const Tensor& h, const Tensor& a, modules::MlaPath path, const Stream& stream = {});
+  // The same with one new token per sequence and this layer's caches in a device table
+  // (modules::MLA::forward_table): what a decode step captured in a CUDA graph runs.
+  void forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& h, const Tensor& a,
+                     const Stream& stream = {});
 
   modules::MLA& self_attn() { return *attn_; }
   modules::GatedMLP* dense_mlp() { return mlp_.get(); }
@@ -54,6 +58,9 @@ class DecoderLayer : public modules::Module {
 
  private:
   std::vector<modules::Module*> children() const;
+  // The layer around its attention: norm, attend(h -> a), residual, norm, MLP or MoE, residual.
+  void forward_around(const Tensor& x, const Tensor& h, const Tensor& a, const Stream& stream,
+                      const std::function<void()>& attend);
   // Splits "self_attn.x.weight" into the child and its relative piece; Error naming the piece.
   modules::Module& route(const std::string& piece, std::string* rest) const;
   modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;

@@ -10,6 +10,7 @@
 #include "locality/shards.h"
 #include "ops/attention.h"
 #include "ops/bmm.h"
+#include "ops/kv_table.h"
 #include "ops/norm.h"
 #include "ops/partitioned.h"
 
@@ -290,7 +291,7 @@ void MLA::attend_prefill(const Tensor& q3, const MlaKvCache& cache, int64_t row0
 void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<MlaSequence>& seqs, const Tensor& y,
                   MlaPath path, const Stream& stream) {
   const auto& c = cfg_;
-  const int64_t H = c.num_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const int64_t H = c.num_heads, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank;
   LOCUS_CHECK(state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized, "MLA '", name(),
               "': forward() in state ", lifecycle_state_name(state()), " (load every weight and call transform() first)");
@@ -320,37 +321,21 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
 
   // 1. queries [T, H, dn + dr]
   std::optional<HostProfileScope> profile(std::in_place, "mla.q");
-  Tensor q = Tensor::empty({T, H * (dn + dr)}, DType::kBF16, device());
-  if (q_a_proj_) {
-    Tensor qa = Tensor::empty({T, c.q_lora_rank}, DType::kBF16, device());
-    q_a_proj_->forward(x, qa, stream);
-    Tensor qn = Tensor::empty({T, c.q_lora_rank}, DType::kBF16, device());
-    q_a_layernorm_->forward(qa, qn, stream);
-    q_b_proj_->forward(qn, q, stream);
-  } else {
-    q_proj_->forward(x, q, stream);
-  }
-  Tensor q3 = q.view({T, H, dn + dr});
-  ops::apply_rope(q3.slice(2, dn, dn + dr), positions, rope_, /*interleaved=*/true, stream);
+  const Tensor q3 = queries(x, positions, stream);
 
   // 2. latent rows [c_kv | k_pe] appended to each sequence's cache: c_kv normalized, k_pe rotated
   profile.emplace("mla.kv_cache");
   Tensor kva = Tensor::empty({T, dc + dr}, DType::kBF16, device());
   kv_a_proj_->forward(x, kva, stream);
-  // Each latent row is normalized, and its rope part rotated, on its own (row-wise ops), so rows
-  // may be made in any grouping: one sequence's rows straight into its cache; several sequences'
-  // rows all at once, then one copy per cache (3 + B launches rather than 3B).
-  auto make_latent = [&](const Tensor& src, const Tensor& dst, const Tensor& pos) {
-    kv_a_layernorm_->forward(src.slice(1, 0, dc), dst.slice(1, 0, dc), stream);
-    ops::cast(src.slice(1, dc, dc + dr), dst.slice(1, dc, dc + dr), stream);
-    ops::apply_rope(dst.slice(1, dc, dc + dr).unsqueeze(1), pos, rope_, /*interleaved=*/true, stream);
-  };
+  // Each latent row is made on its own (row-wise ops), so rows may be made in any grouping: one
+  // sequence's rows straight into its cache; several sequences' rows all at once, then one copy
+  // per cache (3 + B launches rather than 3B).
   const int64_t appending =
       std::count_if(seqs.begin(), seqs.end(), [](const MlaSequence& s) { return s.num_tokens > 0; });
   Tensor latent;  // [T, dc + dr]: the rows made at once, when several sequences append
   if (appending > 1) {
     latent = Tensor::empty({T, dc + dr}, DType::kBF16, device());
-    make_latent(kva, latent, positions);
+    make_latent(kva, latent, positions, stream);
   }
   int64_t row = 0;
   for (const MlaSequence& s : seqs) {
@@ -358,7 +343,7 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
     if (n == 0) continue;
     Tensor dst = s.cache->latent.slice(0, len, len + n);
     if (appending > 1) ops::cast(latent.slice(0, row, row + n), dst, stream);
-    else make_latent(kva.slice(0, row, row + n), dst, positions.slice(0, row, row + n));
+    else make_latent(kva.slice(0, row, row + n), dst, positions.slice(0, row, row + n), stream);
     row += n;
   }
 
@@ -372,42 +357,106 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
       row += s.num_tokens;
     }
   } else {
-    Tensor q_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
-    absorbed_bmm(q3.slice(2, 0, dn).transpose(0, 1), k_b_, false, k_b_plan_, q_lat.transpose(0, 1), stream);
-    Tensor o_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
     // Sequences that all append the same number of tokens (decode: one each) attend in one op,
     // so that on a GPU their short attentions run side by side in one launch.
     const bool uniform = std::all_of(seqs.begin(), seqs.end(), [&](const MlaSequence& s) {
       return s.num_tokens == seqs[0].num_tokens;
     });
-    if (uniform && seqs.size() > 1) {
-      std::vector<ops::AttentionKeys> keys;
-      for (const MlaSequence& s : seqs) {
-        const int64_t S = s.cache->length + s.num_tokens;
-        const Tensor kv = s.cache->kv(S).unsqueeze(1);
-        keys.push_back({kv, s.cache->k_pe(S).unsqueeze(1), kv});
+    absorbed_attention(q3, o_v, stream, [&](const Tensor& q_lat, const Tensor& q_pe, const Tensor& o_lat) {
+      if (uniform && seqs.size() > 1) {
+        std::vector<ops::AttentionKeys> keys;
+        for (const MlaSequence& s : seqs) {
+          const int64_t S = s.cache->length + s.num_tokens;
+          const Tensor kv = s.cache->kv(S).unsqueeze(1);
+          keys.push_back({kv, s.cache->k_pe(S).unsqueeze(1), kv});
+        }
+        return ops::mla_attention_batch(q_lat, q_pe, keys, o_lat, softmax_scale_, stream);
       }
-      ops::mla_attention_batch(q_lat, q3.slice(2, dn, dn + dr), keys, o_lat, softmax_scale_, stream);
-    } else {
-      row = 0;
+      int64_t r = 0;
       for (const MlaSequence& s : seqs) {
         const int64_t n = s.num_tokens, S = s.cache->length + n;
         if (n) {
           Tensor kv = s.cache->kv(S).unsqueeze(1);
-          ops::mla_attention(q_lat.slice(0, row, row + n), q3.slice(0, row, row + n).slice(2, dn, dn + dr), kv,
-                             s.cache->k_pe(S).unsqueeze(1), kv, o_lat.slice(0, row, row + n), softmax_scale_,
-                             s.cache->length, stream);
+          ops::mla_attention(q_lat.slice(0, r, r + n), q_pe.slice(0, r, r + n), kv, s.cache->k_pe(S).unsqueeze(1), kv,
+                             o_lat.slice(0, r, r + n), softmax_scale_, s.cache->length, stream);
         }
-        row += n;
+        r += n;
       }
-    }
-    absorbed_bmm(o_lat.transpose(0, 1), v_b_, true, v_b_plan_, o_v.transpose(0, 1), stream);
+    });
   }
   for (const MlaSequence& s : seqs) s.cache->length += s.num_tokens;
 
   // 4. output projection
   profile.emplace("mla.o_proj");
   o_proj_->forward(o_v.view({T, H * dv}), y, stream);
+}
+
+void MLA::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& y, const Stream& stream) {
+  const auto& c = cfg_;
+  const int64_t H = c.num_heads, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dc = c.kv_lora_rank;
+  LOCUS_CHECK(state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized, "MLA '", name(),
+              "': forward_table() in state ", lifecycle_state_name(state()), " (load every weight and call transform() first)");
+  LOCUS_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size && x.dtype() == DType::kBF16, "MLA '", name(),
+              "': x must be bf16 [B, ", c.hidden_size, "], got ", x.describe());
+  const int64_t B = x.size(0);
+  LOCUS_CHECK(table.rows.defined() && table.rows.dim() == 1 && table.rows.size(0) == B, "MLA '", name(),
+              "': the KV table must have one row per sequence (", B, ")");
+  LOCUS_CHECK(table.width == dc + dr, "MLA '", name(), "': the KV table's caches have rows of ", table.width,
+              " values but this layer needs ", dc, " + ", dr);
+  LOCUS_CHECK(y.dim() == 2 && y.size(0) == B && y.size(1) == c.hidden_size, "MLA '", name(), "': y must be [", B, ", ",
+              c.hidden_size, "], got ", y.describe());
+  if (B == 0) return;
+  // The new token of sequence b sits at position lengths[b].
+  std::optional<HostProfileScope> profile(std::in_place, "mla.q");
+  const Tensor q3 = queries(x, table.lengths, stream);
+  profile.emplace("mla.kv_cache");
+  Tensor kva = Tensor::empty({B, dc + dr}, DType::kBF16, device());
+  kv_a_proj_->forward(x, kva, stream);
+  Tensor latent = Tensor::empty({B, dc + dr}, DType::kBF16, device());
+  make_latent(kva, latent, table.lengths, stream);
+  ops::kv_append_rows(latent, table, stream);
+  profile.emplace("mla.attention");
+  Tensor o_v = Tensor::empty({B, H, dv}, DType::kBF16, device());
+  absorbed_attention(q3, o_v, stream, [&](const Tensor& q_lat, const Tensor& q_pe, const Tensor& o_lat) {
+    ops::mla_attention_table(q_lat, q_pe, table, o_lat, softmax_scale_, stream);
+  });
+  profile.emplace("mla.o_proj");
+  o_proj_->forward(o_v.view({B, H * dv}), y, stream);
+}
+
+Tensor MLA::queries(const Tensor& x, const Tensor& positions, const Stream& stream) const {
+  const auto& c = cfg_;
+  const int64_t T = x.size(0), H = c.num_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  Tensor q = Tensor::empty({T, H * (dn + dr)}, DType::kBF16, device());
+  if (q_a_proj_) {
+    Tensor qa = Tensor::empty({T, c.q_lora_rank}, DType::kBF16, device());
+    q_a_proj_->forward(x, qa, stream);
+    Tensor qn = Tensor::empty({T, c.q_lora_rank}, DType::kBF16, device());
+    q_a_layernorm_->forward(qa, qn, stream);
+    q_b_proj_->forward(qn, q, stream);
+  } else {
+    q_proj_->forward(x, q, stream);
+  }
+  Tensor q3 = q.view({T, H, dn + dr});
+  ops::apply_rope(q3.slice(2, dn, dn + dr), positions, rope_, /*interleaved=*/true, stream);
+  return q3;
+}
+
+void MLA::make_latent(const Tensor& kva, const Tensor& dst, const Tensor& positions, const Stream& stream) const {
+  const int64_t dc = cfg_.kv_lora_rank, dr = cfg_.qk_rope_head_dim;
+  kv_a_layernorm_->forward(kva.slice(1, 0, dc), dst.slice(1, 0, dc), stream);
+  ops::cast(kva.slice(1, dc, dc + dr), dst.slice(1, dc, dc + dr), stream);
+  ops::apply_rope(dst.slice(1, dc, dc + dr).unsqueeze(1), positions, rope_, /*interleaved=*/true, stream);
+}
+
+void MLA::absorbed_attention(const Tensor& q3, const Tensor& o_v, const Stream& stream,
+                             const std::function<void(const Tensor&, const Tensor&, const Tensor&)>& attend) const {
+  const int64_t T = q3.size(0), H = cfg_.num_heads, dn = cfg_.qk_nope_head_dim, dc = cfg_.kv_lora_rank;
+  Tensor q_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
+  absorbed_bmm(q3.slice(2, 0, dn).transpose(0, 1), k_b_, false, k_b_plan_, q_lat.transpose(0, 1), stream);
+  Tensor o_lat = Tensor::empty({T, H, dc}, DType::kBF16, device());
+  attend(q_lat, q3.slice(2, dn, q3.size(2)), o_lat);
+  absorbed_bmm(o_lat.transpose(0, 1), v_b_, true, v_b_plan_, o_v.transpose(0, 1), stream);
 }
 
 }  // namespace locus::modules

@@ -20,11 +20,13 @@
 // decode (absorbed) give the same attention output within BF16 rounding.
 // Softmax scale = (dn + dr)^-0.5 * mscale^2 (YaRN mscale from the rope table).
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "modules/linear.h"
 #include "modules/rmsnorm.h"
+#include "ops/kv_table.h"
 #include "ops/rope.h"
 
 namespace locus::modules {
@@ -93,6 +95,13 @@ class MLA : public Module {
   void forward(const Tensor& x, const Tensor& positions, const std::vector<MlaSequence>& seqs, const Tensor& y,
                MlaPath path = MlaPath::kAuto, const Stream& stream = {});
 
+  // Decode with the caches in a device table (ops/kv_table.h), for steps captured in CUDA graphs:
+  // one new token per sequence, x bf16 [B, hidden], table for this layer's caches (its lengths are
+  // the new tokens' positions). Appends each token's latent row at lengths[b] and attends on the
+  // absorbed path, reading every address and length on the device; the caller advances the
+  // caches' host-side lengths. The same results as forward() on those caches (bitwise on the CPU).
+  void forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& y, const Stream& stream = {});
+
   float softmax_scale() const { return softmax_scale_; }
   const ops::RopeTable& rope_table() const { return rope_; }
   const locality::Plan& k_b_plan() const { return k_b_plan_; }
@@ -118,6 +127,14 @@ class MLA : public Module {
   void check_plan_strict(const locality::Plan& plan, const char* what) const;
   // Writes W_UK / W_UV of a kv_b_proj weight [H*(dn+dv), dc] into k_b_ / v_b_ (full or shards).
   void write_absorbed(const Tensor& kv_b_weight);
+  // q_proj (or q_a -> norm -> q_b) and RoPE on the rope part: q [T, H, dn + dr].
+  Tensor queries(const Tensor& x, const Tensor& positions, const Stream& stream) const;
+  // dst [T, dc + dr] = [kv_a_layernorm(c_kv) | rope(k_pe)] of kv_a_proj's output rows.
+  void make_latent(const Tensor& kva, const Tensor& dst, const Tensor& positions, const Stream& stream) const;
+  // Absorbed attention around `attend(q_lat, q_pe, o_lat)`: q_lat = q_nope k_b before it, o_v =
+  // o_lat v_b^T after it.
+  void absorbed_attention(const Tensor& q3, const Tensor& o_v, const Stream& stream,
+                          const std::function<void(const Tensor&, const Tensor&, const Tensor&)>& attend) const;
   void attend_prefill(const Tensor& q3, const MlaKvCache& cache, int64_t row0, int64_t n, const Tensor& o_v,
                       const Stream& stream) const;
   void absorbed_bmm(const Tensor& a, const std::vector<Tensor>& weights, bool transpose_weights,

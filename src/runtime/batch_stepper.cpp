@@ -21,8 +21,9 @@ struct BatchStepper::Sequence {
   GenerationResult result;
 };
 
-BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids)
-    : model_(model), kv_(kv), eos_(std::move(eos_ids)) {}
+BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
+                           DecodeGraphs* graphs)
+    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
 
 BatchStepper::~BatchStepper() {
   for (auto& s : seqs_) kv_.release(s->cache_id);
@@ -62,7 +63,9 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
   Tensor logits;
   {
     HostProfileScope profile(st.prompt_tokens > 0 ? "step (with prompts)" : "step (decode)");
-    logits = model_.forward_on_device(batch);  // on failure the caches are as before: nothing changed
+    // On failure the caches are as before: nothing changed.
+    if (graphs_ && st.prompt_tokens == 0) logits = graphs_->step(batch);
+    if (!logits.defined()) logits = model_.forward_on_device(batch);
   }
   const int64_t vocab = model_.config().vocab_size;
   try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/deepseek_v3.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/kv_cache.h"
 #include "runtime/sampler.h"
 
@@ -28,8 +29,10 @@ struct GenerationResult {
 
 class BatchStepper {
  public:
-  // eos_ids: tokens that end a sequence.
-  BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids);
+  // eos_ids: tokens that end a sequence. graphs (optional, outliving the stepper): decode steps
+  // run through it (runtime/decode_graphs.h); steps it declines run eagerly.
+  BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
+               DecodeGraphs* graphs = nullptr);
   ~BatchStepper();  // releases the caches of the sequences still running
   BatchStepper(const BatchStepper&) = delete;
   BatchStepper& operator=(const BatchStepper&) = delete;
@@ -67,6 +70,7 @@ class BatchStepper {
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;
+  DecodeGraphs* graphs_;
   uint64_t next_key_ = 0;
   std::vector<std::unique_ptr<Sequence>> seqs_;
 };

@@ -8,7 +8,7 @@ std::unique_ptr<GenerationStack> GenerationStack::load(const LlmArgs& args, cons
                                                        const char* command) {
   LOCUS_CHECK(!args.model.empty(), command, ": --model DIR is required");
   auto s = std::unique_ptr<GenerationStack>(new GenerationStack{
-      args, Tokenizer::from_path(args.tokenizer.empty() ? args.model : args.tokenizer), {}, {}, nullptr, nullptr});
+      args, Tokenizer::from_path(args.tokenizer.empty() ? args.model : args.tokenizer), {}, {}, nullptr, nullptr, nullptr});
   s->model = ModelLoader(args, options).load();
   LOCUS_CHECK(s->tokenizer.vocab_size() <= s->model.config.vocab_size, "tokenizer has ", s->tokenizer.vocab_size(),
               " tokens but the model's vocab_size is ", s->model.config.vocab_size);
@@ -16,7 +16,8 @@ std::unique_ptr<GenerationStack> GenerationStack::load(const LlmArgs& args, cons
   if (auto e = s->tokenizer.eos_id()) s->eos_ids.push_back(*e);
   s->kv = std::make_unique<KvCacheManager>(s->model.config, s->model.device, resolve_kv_budget(args, s->model.device),
                                            args.max_batch_size, args.max_seq_len);
-  s->generator = std::make_unique<Generator>(*s->model.model, *s->kv, s->eos_ids);
+  if (args.cuda_graphs) s->graphs = std::make_unique<DecodeGraphs>(*s->model.model);
+  s->generator = std::make_unique<Generator>(*s->model.model, *s->kv, s->eos_ids, s->graphs.get());
   return s;
 }
 

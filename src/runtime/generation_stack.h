@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/decode_graphs.h"
 #include "runtime/generator.h"
 #include "runtime/kv_cache.h"
 #include "runtime/llm_args.h"
@@ -19,6 +20,7 @@ struct GenerationStack {
   LoadedModel model;
   std::vector<int32_t> eos_ids;
   std::unique_ptr<KvCacheManager> kv;
+  std::unique_ptr<DecodeGraphs> graphs;  // set when args.cuda_graphs
   std::unique_ptr<Generator> generator;
 
   // Errors name what is missing or inconsistent (no model directory, a tokenizer larger than the

@@ -13,8 +13,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Generator::Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids)
-    : model_(model), kv_(kv), eos_(std::move(eos_ids)) {}
+Generator::Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
+                     DecodeGraphs* graphs)
+    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
 
 std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRequest>& requests,
                                                   const std::function<void(size_t, int32_t)>& on_token,
@@ -26,7 +27,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
     LOCUS_CHECK(requests[i].max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ",
                 requests[i].max_new_tokens, " (prompt ", i, ")");
   }
-  BatchStepper stepper(model_, kv_, eos_);  // every cache is acquired before any compute
+  BatchStepper stepper(model_, kv_, eos_, graphs_);  // every cache is acquired before any compute
   for (size_t i = 0; i < n; ++i) {          // request i gets key i
     GenerationRequest r = requests[i];
     r.sampling.seed += i;

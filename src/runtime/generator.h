@@ -24,7 +24,9 @@ struct GenerationStats {
 class Generator {
  public:
   // eos_ids: tokens that end a sequence (config eos_token_id and the tokenizer's eos).
-  Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids);
+  // graphs: optional (BatchStepper), outliving the generator.
+  Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
+            DecodeGraphs* graphs = nullptr);
 
   // Sequence i samples with seed sampling.seed + i. on_token(i, id) is called for every token
   // sequence i generates, as soon as it is sampled.
@@ -38,6 +40,7 @@ class Generator {
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;
+  DecodeGraphs* graphs_;
 };
 
 }  // namespace locus::runtime

@@ -53,7 +53,7 @@ const std::vector<Def>& defs() {
                   "op kinds that may be partitioned: bf16_linear, nvfp4_linear, bf16_bmm, bf16_moe, nvfp4_moe"),
       LOCUS_FIELD("locality_domains.exclude_modules", locality_domains.exclude_modules,
                   "module-name patterns (fnmatch on the name and its dotted prefixes) that stay unpartitioned"),
-      LOCUS_FIELD("cuda_graphs", cuda_graphs, "capture decode steps in CUDA graphs (cuda backend; not implemented yet: a note is printed and steps run eagerly)"),
+      LOCUS_FIELD("cuda_graphs", cuda_graphs, "replay decode steps from CUDA graphs, one per batch size and key bound (cuda backend)"),
       LOCUS_FIELD("seed", seed, "random seed for sampling"),
       LOCUS_FIELD("num_threads", num_threads, "CPU worker threads; 0 = the hardware concurrency"),
       LOCUS_FIELD("tensor_parallel_size", tensor_parallel_size, "devices per model replica (this build: 1)"),

@@ -147,9 +147,6 @@ LoadedModel ModelLoader::load(const std::string& dir) const {
                          " partitions per op"));
   }
 
-  if (args_.cuda_graphs)
-    note(opts_, out, "cuda_graphs=true: decode steps are not captured yet (attention and the KV-cache append take "
-                     "host-side sequence lengths); every step runs eagerly");
   const auto names = check_tensors(ck, out.config, is_nvfp4, opts_, out);
   out.model = std::make_unique<models::DeepseekV3ForCausalLM>(out.config, bo);
 

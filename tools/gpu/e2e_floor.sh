@@ -10,10 +10,11 @@
 #      the floor, the tokens/s that reading them at the copy bandwidth allows;
 #   4. `locus generate --backend cuda --ignore-eos --warmup` at batch 1 and 8, locality domains off and on
 #      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert, and LOCUS_MOE_INDEXED=0, experts
-#      grouped with their offsets read back): decode tokens/s and floor / measured
-#      (DESIGN.md section 7: within 1.5x of the floor);
+#      grouped with their offsets read back; and with --cuda-graphs, decode steps replayed from CUDA
+#      graphs): decode tokens/s and floor / measured (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
-#   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off;
+#   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off
+#      (NVFP4 also with --cuda-graphs);
 #   7. logits CUDA vs the CPU following CUDA's routing (tools/gpu/logits_env.sh) at these widths.
 # PROFILE_PER_EXPERT=1 profiles NVFP4 with one launch per expert too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
@@ -95,29 +96,37 @@ for fmt in $formats; do
   # Where the device's time goes (bench/cuda/kernel_trace.cpp, CUPTI): kernels, copies and idle
   # gaps over the last 20 ms of a longer timed decode, LD off, each batch.
   if [[ $BACKEND == cuda && -f "$CARRY/libcuda_kernel_trace.so" ]]; then
-    for batch in $batches; do
-      prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
-      trace="$OUT/trace_${fmt}_b$batch.md"
-      timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
-        LOCUS_KERNEL_TRACE_LAST_MS=20 "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
-        --max-new-tokens $((tokens * 2)) --ignore-eos --warmup --quiet > "$OUT/trace.out" 2>&1
-      { echo; echo "$fmt, batch $batch, LD off: device time by kernel ($(grep -a '^locus:' "$OUT/trace.out" |
-          sed -E 's/.*decode ([0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok\/s\)).*/decode \1/') under the tracer)";
-        echo; cat "$trace" 2>/dev/null || { echo "no trace (see below)"; tail -5 "$OUT/trace.out"; }; } >> "$PROFILE"
+    trace_flags=("")
+    [[ $fmt == nvfp4 ]] && trace_flags+=("--cuda-graphs")
+    for flags in "${trace_flags[@]}"; do
+      for batch in $batches; do
+        prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
+        trace="$OUT/trace_${fmt}_b$batch${flags:+_graphs}.md"
+        timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
+          LOCUS_KERNEL_TRACE_LAST_MS=20 "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
+          --max-new-tokens $((tokens * 2)) --ignore-eos --warmup --quiet $flags > "$OUT/trace.out" 2>&1
+        { echo; echo "$fmt, batch $batch, LD off${flags:+, $flags}: device time by kernel ($(grep -a '^locus: [0-9]' "$OUT/trace.out" |
+            sed -E 's/.*decode ([0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok\/s\)).*/decode \1/') under the tracer)";
+          grep -a '^locus: decode graphs' "$OUT/trace.out";
+          echo; cat "$trace" 2>/dev/null || { echo "no trace (see below)"; tail -5 "$OUT/trace.out"; }; } >> "$PROFILE"
+      done
     done
   fi
-  # Runs: "label|LD|environment". NVFP4 also with one launch per expert and projection
+  # Runs: "label|LD|environment|flags". NVFP4 also with one launch per expert and projection
   # (LOCUS_NVFP4_ROW_BLOCKS=0; by default experts with equal row counts share a launch).
   runs=()
-  for ld in $lds; do runs+=("$ld|$ld|"); done
+  for ld in $lds; do runs+=("$ld|$ld||"); done
+  # Decode steps replayed from CUDA graphs (every LD setting; steps a graph cannot hold run eagerly,
+  # as the "decode graphs" line in the log says).
+  [[ $BACKEND == cuda ]] && for ld in $lds; do runs+=("$ld, graphs|$ld||--cuda-graphs"); done
   if [[ $fmt == nvfp4 && " $lds " == *" off "* ]]; then
-    runs+=("off, per expert|off|LOCUS_NVFP4_ROW_BLOCKS=0")
+    runs+=("off, per expert|off|LOCUS_NVFP4_ROW_BLOCKS=0|")
     # Decode MoE takes its experts by id on the device where few pairs share an expert; this run
     # groups them by expert with the offsets read back, as every batch did before.
-    runs+=("off, grouped experts|off|LOCUS_MOE_INDEXED=0")
+    runs+=("off, grouped experts|off|LOCUS_MOE_INDEXED=0|")
   fi
   for run in "${runs[@]}"; do
-    IFS='|' read -r label ld envs <<< "$run"
+    IFS='|' read -r label ld envs flags <<< "$run"
     set_ld_flags "$ld"
     for batch in $batches; do
       # "  batch 8: 2.178 GiB per step; floor at 4197 GB/s: 0.557 ms per step, 14357.2 tok/s"
@@ -127,17 +136,18 @@ for fmt in $formats; do
       prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
       echo "== generate $fmt LD $label batch $batch" >> "$LOG"
       timeout 300 env $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" \
-        --max-new-tokens "$tokens" --ignore-eos --warmup --quiet "${ld_flags[@]}" > "$OUT/generate.out" 2>&1
+        --max-new-tokens "$tokens" --ignore-eos --warmup --quiet "${ld_flags[@]}" $flags > "$OUT/generate.out" 2>&1
       g_rc=$?
       cat "$OUT/generate.out" >> "$LOG"
       # "locus: 8 sequences, ...; decode 248 tokens in 0.255 s (972.5 tok/s); finished: ..."
-      tps=$(sed -n -E 's/^locus: .*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' "$OUT/generate.out")
+      tps=$(sed -n -E 's/^locus: [0-9].*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' "$OUT/generate.out")
       if [[ $g_rc -ne 0 || -z "$tps" ]]; then
         echo "generate $fmt LD $label batch $batch: FAILED (see $LOG)"; rc=1; continue
       fi
       ratio=$(awk -v f="$floor" -v t="$tps" 'BEGIN { printf "%.2f", f / t }')
       echo "| $fmt | $label | $batch | $gib | $floor | $tps | $ratio |" >> "$TABLE"
       echo "generate $fmt LD $label batch $batch: $tps tok/s, floor $floor, floor / measured $ratio"
+      grep -a '^locus: decode graphs' "$OUT/generate.out"
     done
   done
   [[ $BACKEND == cuda ]] || continue

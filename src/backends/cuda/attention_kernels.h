@@ -44,6 +44,11 @@ struct MlaAttentionArgs {
   int64_t k_b_delta = 0, v_delta = 0;
   const void* seq_k_a[kAttnMaxSeqs] = {};
   int32_t seq_keys[kAttnMaxSeqs] = {};
+  // Or, when table_rows is set (ops::mla_attention_table, for decode steps captured in graphs),
+  // from device memory read at run time: sequence i's k_a is at address table_rows[i] and it
+  // attends table_lengths[i] + T keys. S is then the table's bound.
+  const int64_t* table_rows = nullptr;
+  const int32_t* table_lengths = nullptr;
 };
 
 // One sequence's operands in a launch: args' own without a batch (seq 0).

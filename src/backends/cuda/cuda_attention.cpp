@@ -11,6 +11,7 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cublaslt_matmul.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_kv_table.h"
 #include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda {
@@ -192,6 +193,40 @@ void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector
     }
     a.S = keys_max;
     run_tc(a, keys_max, tc_smem, s, device);
+  }
+}
+
+void mla_attention_table(const Tensor& q_a, const Tensor& q_b, const ops::KvTable& table, const Tensor& out,
+                         float scale, void* stream) {
+  const char* op = "cuda::mla_attention_table";
+  LOCUS_CHECK(q_a.device().is_cuda(), op, ": q_a must be on a CUDA device, got ", q_a.describe());
+  LOCUS_CHECK(table.max_keys < std::numeric_limits<int32_t>::max(), op, ": ", table.max_keys,
+              " keys are beyond the kernel's range");
+  const int64_t B = q_a.size(0), Da = q_a.size(2);
+  set_device(q_a);
+  const int device = q_a.device().index;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  for (int64_t first = 0; first < B; first += detail::kAttnMaxSeqs) {
+    const int64_t n = std::min<int64_t>(detail::kAttnMaxSeqs, B - first);
+    // Sequence 0's operands stand for every sequence's (their addresses come from the table): k_a
+    // and v are the cache's first Da columns, k_b the rest, one head shared by all query heads.
+    detail::MlaAttentionArgs a = make_args(q_a.slice(0, first, first + 1), q_b.slice(0, first, first + 1),
+                                           q_a.slice(0, first, first + 1), q_b.slice(0, first, first + 1),
+                                           q_a.slice(0, first, first + 1), out.slice(0, first, first + 1), scale, 0);
+    a.k_a = {nullptr, table.width, 0, false};
+    a.k_b = {nullptr, table.width, 0, false};
+    a.v = a.k_a;
+    a.v_is_k_a = true;
+    a.per_head_groups = false;
+    a.S = table.max_keys;
+    a.num_seqs = static_cast<int>(n);
+    a.k_b_delta = Da;
+    a.v_delta = 0;
+    a.table_rows = table.rows.data<int64_t>() + first;
+    a.table_lengths = table.lengths.data<int32_t>() + first;
+    const int tc_smem = tc_smem_fitting(a, device);
+    LOCUS_CHECK(tc_smem > 0, op, ": head dims ", a.Da, " + ", a.Db, " have no tensor-core kernel on this device");
+    run_tc(a, table.max_keys, tc_smem, s, device);
   }
 }
 

@@ -1,8 +1,11 @@
 // CUDA graph capture and replay around a stream (cudaStream_t as void*), for the executor, the
 // tests and the benchmarks. Capture uses cudaStreamCaptureModeThreadLocal so that other threads'
 // CUDA calls are not affected; fork/join to other streams (fork_streams) joins them to the capture.
-// No CUDA header is included here.
+// Scratch that ops allocate and free during the capture stays with the graph until it is
+// destroyed; the outputs the caller keeps must live as long as the graph. No CUDA header is
+// included here.
 #pragma once
+#include <vector>
 
 namespace locus::cuda {
 
@@ -29,7 +32,14 @@ class Graph {
   void* capture_stream_ = nullptr;
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
+  // Device blocks allocated and freed during the capture, which replays still use; given back to
+  // the allocator with the graph (capture_state.h).
+  std::vector<void*> held_blocks_;
 };
+
+// A created stream for captures (blocking: ordered with the legacy default stream), and its end.
+void* create_capture_stream(int device_index);
+void destroy_stream(void* stream);
 
 // True when `stream` is being captured.
 bool stream_is_capturing(void* stream);

@@ -29,10 +29,15 @@
 //    its own buffers.
 // Graph captures: a miss calls cudaMalloc in relaxed capture mode (legal during a capture, as the
 // fork/join event pool does); releasing the cache waits for the device, so it is refused while a
-// cuda::Graph capture is in progress.
+// cuda::Graph capture is in progress. A block handed out and freed during a capture stays with
+// the captured graph until it is destroyed (capture_state.h), so no later owner shares it with
+// the graph's replays.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_set>
+#include <vector>
 
 #include "backends/cuda/capture_state.h"
 #include "backends/cuda/cuda_check.h"
@@ -43,11 +48,54 @@ namespace locus::cuda {
 
 namespace detail {
 namespace {
+
 std::atomic<int> g_captures{0};
+
+// Blocks handed out during a capture, and those of them freed before it ended (capture_state.h).
+struct CaptureBlocks {
+  std::mutex mu;
+  std::unordered_set<void*> live;
+  std::vector<void*> freed;
+};
+CaptureBlocks& capture_blocks() {
+  static auto* blocks = new CaptureBlocks();  // never destroyed, as the hooks
+  return *blocks;
+}
+
 }  // namespace
+
 void capture_started() { ++g_captures; }
-void capture_ended() { --g_captures; }
+
+std::vector<void*> capture_ended() {
+  CaptureBlocks& cb = capture_blocks();
+  std::lock_guard<std::mutex> lock(cb.mu);
+  std::vector<void*> held;
+  if (--g_captures == 0) {
+    held.swap(cb.freed);
+    cb.live.clear();
+  }
+  return held;
+}
+
 bool capture_in_progress() { return g_captures.load() > 0; }
+
+// Called by the hooks for every allocation while a capture is in progress.
+void note_capture_allocation(void* p) {
+  CaptureBlocks& cb = capture_blocks();
+  std::lock_guard<std::mutex> lock(cb.mu);
+  if (g_captures.load() > 0) cb.live.insert(p);
+}
+
+// True when `p` was handed out during the capture in progress: it is kept, not cached.
+bool keep_for_capture(void* p) {
+  if (g_captures.load() == 0) return false;  // the set is emptied when the last capture ends
+  CaptureBlocks& cb = capture_blocks();
+  std::lock_guard<std::mutex> lock(cb.mu);
+  if (cb.live.erase(p) == 0) return false;
+  cb.freed.push_back(p);
+  return true;
+}
+
 }  // namespace detail
 
 namespace {
@@ -105,6 +153,7 @@ class CudaHooks final : public DeviceHooks {
   // driver without locality-domain memory (CUDA < 13.4) every domain is an ordinary allocation.
   void* allocate(size_t bytes, int device_index, int domain) override {
     void* p = cache_.allocate(bytes, device_index, domain);
+    if (detail::capture_in_progress()) detail::note_capture_allocation(p);
     if (poison_ && bytes && !detail::capture_in_progress()) {
       try {
         fill_bytes(p, device_index, 0xFF, bytes);
@@ -115,7 +164,10 @@ class CudaHooks final : public DeviceHooks {
     }
     return p;
   }
-  void deallocate(void* ptr, size_t, int, int) override { cache_.deallocate(ptr); }
+  void deallocate(void* ptr, size_t, int, int) override {
+    if (!detail::keep_for_capture(ptr)) cache_.deallocate(ptr);
+  }
+  void give_back(void* ptr) { cache_.deallocate(ptr); }
 
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     if (!bytes) return;
@@ -153,13 +205,20 @@ class CudaHooks final : public DeviceHooks {
   std::atomic<bool> poison_{false};
 };
 
+CudaHooks& hooks() {
+  // Never destroyed: tensors may be freed during static teardown, after this file's statics.
+  static auto* h = new CudaHooks();
+  return *h;
+}
+
 struct Registrar {
-  Registrar() {
-    // Never destroyed: tensors may be freed during static teardown, after this file's statics.
-    static auto* hooks = new CudaHooks();
-    register_device_hooks(DeviceType::kCUDA, hooks);
-  }
+  Registrar() { register_device_hooks(DeviceType::kCUDA, &hooks()); }
 } registrar;
 
 }  // namespace
+
+void detail::release_capture_blocks(std::vector<void*>& blocks) {
+  for (void* p : blocks) hooks().give_back(p);
+  blocks.clear();
+}
 }  // namespace locus::cuda

@@ -72,6 +72,17 @@ void join_streams(void* origin, const std::vector<void*>& targets) {
   }
 }
 
+void* create_capture_stream(int device_index) {
+  LOCUS_CUDA_CHECK(cudaSetDevice(device_index));
+  cudaStream_t s = nullptr;
+  LOCUS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+  return s;
+}
+
+void destroy_stream(void* stream) {
+  if (stream && cudaStreamDestroy(as_stream(stream)) != cudaSuccess) cudaGetLastError();
+}
+
 bool stream_is_capturing(void* stream) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   LOCUS_CUDA_CHECK(cudaStreamIsCapturing(as_stream(stream), &st));
@@ -94,7 +105,8 @@ void Graph::abandon_capture() {
   if (cudaStreamEndCapture(as_stream(capture_stream_), &g) == cudaSuccess && g) cudaGraphDestroy(g);
   cudaGetLastError();
   capture_stream_ = nullptr;
-  detail::capture_ended();
+  std::vector<void*> blocks = detail::capture_ended();
+  detail::release_capture_blocks(blocks);  // nothing was captured that could still use them
 }
 
 Graph::Graph(Graph&& o) noexcept { *this = std::move(o); }
@@ -106,7 +118,9 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     capture_stream_ = o.capture_stream_;
     graph_ = o.graph_;
     exec_ = o.exec_;
+    held_blocks_ = std::move(o.held_blocks_);
     o.capture_stream_ = o.graph_ = o.exec_ = nullptr;
+    o.held_blocks_.clear();
   }
   return *this;
 }
@@ -115,6 +129,7 @@ void Graph::reset() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
   exec_ = graph_ = nullptr;
+  detail::release_capture_blocks(held_blocks_);
 }
 
 void Graph::begin_capture(void* stream) {
@@ -131,7 +146,7 @@ void Graph::end_capture() {
   cudaGraph_t g = nullptr;
   cudaError_t e = cudaStreamEndCapture(as_stream(capture_stream_), &g);
   capture_stream_ = nullptr;
-  detail::capture_ended();
+  held_blocks_ = detail::capture_ended();
   LOCUS_CUDA_CHECK_NAMED(e, "ending the CUDA graph capture (a stream was not joined back, or an op broke capture)");
   graph_ = g;
   cudaGraphExec_t ex = nullptr;

@@ -3,9 +3,9 @@
 // tokenizes the prompts, runs them as one batch (prefill, then decode until eos or N tokens;
 // with --ignore-eos, N tokens), streams the text of a single prompt to stdout as it is generated
 // (several prompts: each completion is printed when done) and prints prompt / decode tokens per
-// second to stderr. --warmup first runs the batch untimed for two new tokens, so that one-time
-// work (CUDA: cuBLASLt tactics and path choices timed per shape, memory pools growing) stays out of
-// the figures.
+// second to stderr. --warmup first runs the batch untimed for two new tokens (with cuda_graphs,
+// for all of them: every decode graph is then recorded), so that one-time work (CUDA: cuBLASLt
+// tactics and path choices timed per shape, memory pools growing) stays out of the figures.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -58,7 +58,9 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
   if (o.warmup) {
     std::vector<GenerationRequest> warm = reqs;
     for (auto& r : warm) {
-      r.max_new_tokens = 2;  // the prompts' prefill and one decode step at the same batch size
+      // The prompts' prefill and one decode step at the same batch size; with decode graphs the
+      // whole run, so that every graph it needs (one per key bound) is recorded untimed.
+      if (!stack->graphs) r.max_new_tokens = 2;
       r.ignore_eos = true;
     }
     gen.generate(warm);
@@ -94,6 +96,13 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
                static_cast<long long>(st.prompt_tokens), st.prefill_seconds, st.prefill_tokens_per_second(),
                static_cast<long long>(st.decode_tokens), st.decode_seconds, st.decode_tokens_per_second(),
                reasons.c_str());
+  if (stack->graphs) {
+    const DecodeGraphs::Stats& g = stack->graphs->stats();
+    std::fprintf(stderr, "locus: decode graphs: %lld recorded, %lld steps replayed, %lld eager (first of a key), %lld declined%s%s\n",
+                 static_cast<long long>(g.recorded), static_cast<long long>(g.replays),
+                 static_cast<long long>(g.eager_steps), static_cast<long long>(g.declined),
+                 g.capture_failure.empty() ? "" : "; a capture failed: ", g.capture_failure.c_str());
+  }
   if (HostProfile::enabled()) std::fprintf(stderr, "%s", HostProfile::report().c_str());
   return 0;
 }

@@ -1,0 +1,123 @@
+// runtime::DecodeGraphs: per key, device tables filled before each step, an eager first step,
+// then a recorded graph replayed on the default stream; host-side cache lengths advanced after.
+#include "runtime/decode_graphs.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/host_profile.h"
+
+namespace locus::runtime {
+
+// One key's graph and the device tables it reads (allocated once: the graph holds their addresses).
+struct DecodeGraphs::Entry {
+  models::DecodeTables tables;  // ids and lengths share one i32 buffer, [ids | lengths]
+  Tensor small;                 // i32 [2B] on the device
+  Tensor small_host, rows_host;  // staging: i32 [2B], i64 [layers, B]
+  bool warmed = false;           // the key's first (eager) step ran
+  bool failed = false;           // its capture failed: its steps are declined
+  ops::StepGraph graph;
+};
+
+DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model) : model_(model) {}
+DecodeGraphs::~DecodeGraphs() = default;
+
+void DecodeGraphs::clear() { entries_.clear(); }
+
+int64_t DecodeGraphs::key_bound(int64_t max_length) {
+  int64_t bound = 64;
+  while (bound < max_length + 1) bound *= 2;
+  return bound;
+}
+
+DecodeGraphs::Entry& DecodeGraphs::entry(const Key& key) {
+  auto& slot = entries_[key];
+  if (!slot) {
+    const int64_t B = key.first, L = model_.config().num_hidden_layers;
+    const Device dev = model_.options().device;
+    auto e = std::make_unique<Entry>();
+    e->small_host = Tensor::empty({2 * B}, DType::kI32);
+    e->rows_host = Tensor::empty({L, B}, DType::kI64);
+    e->small = dev.is_cpu() ? e->small_host : Tensor::empty({2 * B}, DType::kI32, dev);
+    e->tables.ids = e->small.slice(0, 0, B);
+    e->tables.lengths = e->small.slice(0, B, 2 * B);
+    e->tables.kv_rows = dev.is_cpu() ? e->rows_host : Tensor::empty({L, B}, DType::kI64, dev);
+    e->tables.max_keys = key.second;
+    slot = std::move(e);
+  }
+  return *slot;
+}
+
+void DecodeGraphs::fill_tables(Entry& e, const std::vector<models::SequenceStep>& batch) {
+  const int64_t B = static_cast<int64_t>(batch.size()), L = model_.config().num_hidden_layers;
+  int32_t* small = e.small_host.data<int32_t>();
+  int64_t* rows = e.rows_host.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const models::DeepseekV3Cache& cache = *batch[static_cast<size_t>(b)].cache;
+    small[b] = batch[static_cast<size_t>(b)].ids[0];
+    small[B + b] = static_cast<int32_t>(cache.length());
+    for (int64_t l = 0; l < L; ++l)
+      rows[l * B + b] = static_cast<int64_t>(
+          reinterpret_cast<intptr_t>(cache.layers[static_cast<size_t>(l)].latent.data_ptr()));
+  }
+  if (e.small.data_ptr() != e.small_host.data_ptr()) {
+    e.small.copy_(e.small_host);
+    e.tables.kv_rows.copy_(e.rows_host);
+  }
+}
+
+Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
+  model_.check_step(batch);
+  const Device dev = model_.options().device;
+  int64_t max_length = 0;
+  for (const models::SequenceStep& s : batch) {
+    if (s.ids.size() != 1) {
+      ++stats_.declined;
+      return {};
+    }
+    // Every layer's cache must be one contiguous block on the model's device (the tables hold
+    // row 0's address and the ops step by the row width).
+    for (const modules::MlaKvCache& c : s.cache->layers)
+      LOCUS_CHECK(c.latent.is_contiguous() && c.latent.device() == dev, "decode graphs: a KV cache is ",
+                  c.latent.describe(), ", not a contiguous tensor on ", dev.name());
+    max_length = std::max(max_length, s.cache->length());
+  }
+  Entry& e = entry({static_cast<int64_t>(batch.size()), key_bound(max_length)});
+  if (e.failed) {
+    ++stats_.declined;
+    return {};
+  }
+  {
+    HostProfileScope profile("decode graphs: tables to the device");
+    fill_tables(e, batch);
+  }
+  Tensor logits;
+  if (!e.warmed) {
+    logits = model_.forward_decode_table(e.tables);
+    e.warmed = true;
+    ++stats_.eager_steps;
+  } else {
+    if (!e.graph.recorded()) {
+      HostProfileScope profile("decode graphs: record");
+      try {
+        models::DeepseekV3ForCausalLM* model = &model_;
+        const models::DecodeTables tables = e.tables;
+        e.graph.record(dev, [model, tables](const Stream& stream) { return model->forward_decode_table(tables, stream); });
+        ++stats_.recorded;
+      } catch (const Error& err) {
+        e.failed = true;
+        stats_.capture_failure = err.what();
+        ++stats_.declined;
+        return {};
+      }
+    }
+    HostProfileScope profile("decode graphs: replay");
+    logits = e.graph.replay(Stream{dev, nullptr});
+    ++stats_.replays;
+  }
+  for (const models::SequenceStep& s : batch)
+    for (modules::MlaKvCache& c : s.cache->layers) ++c.length;
+  return logits;
+}
+
+}  // namespace locus::runtime

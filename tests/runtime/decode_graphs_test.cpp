@@ -1,0 +1,139 @@
+// runtime::DecodeGraphs on the CPU, where a "graph" is its step function run again at each replay
+// (ops::StepGraph). The tests hold it to the CUDA contract: every input that changes between
+// steps (tokens, lengths, which caches) reaches a replay through the tables, so replays give
+// bitwise the eager forward's logits and tokens, also when other caches take a key's graph.
+#include "runtime/decode_graphs.h"
+
+#include <gtest/gtest.h>
+
+#include "models/model_test_util.h"
+#include "runtime/generator.h"
+
+namespace locus::testing {
+namespace {
+
+struct GraphFixture {
+  runtime::LoadedModel lm = load_model(tiny_model_dir(false), 0);
+  runtime::KvCacheManager kv{lm.config, lm.device, {64 << 20, "test"}, 4, 256};
+};
+
+// A cache holding `prompt` (prefilled by the model's eager forward), and a copy of it.
+std::pair<models::DeepseekV3Cache, models::DeepseekV3Cache> prefilled_twice(models::DeepseekV3ForCausalLM& m,
+                                                                           const std::vector<int32_t>& prompt) {
+  auto a = m.new_cache(200), b = m.new_cache(200);
+  m.forward({{prompt, &a}});
+  m.forward({{prompt, &b}});
+  return {std::move(a), std::move(b)};
+}
+
+TEST(DecodeGraphs, TableForwardIsTheModelsForward) {
+  GraphFixture f;
+  auto& m = *f.lm.model;
+  const int64_t V = f.lm.config.vocab_size;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto [a, a2] = prefilled_twice(m, random_ids(3, V, seed));
+  auto [b, b2] = prefilled_twice(m, random_ids(9, V, seed + 1));
+  const std::vector<int32_t> next = random_ids(2, V, seed + 2);
+  const Tensor want = m.forward_on_device({{{next[0]}, &a}, {{next[1]}, &b}});
+
+  const int64_t L = f.lm.config.num_hidden_layers;
+  models::DecodeTables t;
+  t.ids = Tensor::empty({2}, DType::kI32);
+  t.lengths = Tensor::empty({2}, DType::kI32);
+  t.kv_rows = Tensor::empty({L, 2}, DType::kI64);
+  for (int i = 0; i < 2; ++i) {
+    models::DeepseekV3Cache& c = i == 0 ? a2 : b2;
+    t.ids.data<int32_t>()[i] = next[static_cast<size_t>(i)];
+    t.lengths.data<int32_t>()[i] = static_cast<int32_t>(c.length());
+    for (int64_t l = 0; l < L; ++l)
+      t.kv_rows.data<int64_t>()[l * 2 + i] = reinterpret_cast<intptr_t>(c.layers[static_cast<size_t>(l)].latent.data_ptr());
+  }
+  t.max_keys = 64;
+  const Tensor got = m.forward_decode_table(t);
+  EXPECT_TRUE(bitwise_equal(got, want));
+  for (int64_t l = 0; l < L; ++l) {  // the appended rows too
+    const auto& la = a.layers[static_cast<size_t>(l)];
+    const auto& la2 = a2.layers[static_cast<size_t>(l)];
+    EXPECT_TRUE(bitwise_equal(la2.latent.slice(0, 3, 4), la.latent.slice(0, 3, 4))) << "layer " << l;
+  }
+}
+
+TEST(DecodeGraphs, ReplaysFollowTheTablesAcrossCachesOfOneKey) {
+  // Two pairs of sequences with the same lengths share a key and so a graph; they take turns, so
+  // each replay must read the other pair's caches, tokens and lengths from the tables.
+  GraphFixture f;
+  auto& m = *f.lm.model;
+  const int64_t V = f.lm.config.vocab_size;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto [p0, q0] = prefilled_twice(m, random_ids(4, V, seed));
+  auto [p1, q1] = prefilled_twice(m, random_ids(6, V, seed + 1));
+  auto [p2, q2] = prefilled_twice(m, random_ids(4, V, seed + 2));
+  auto [p3, q3] = prefilled_twice(m, random_ids(6, V, seed + 3));
+  runtime::DecodeGraphs graphs(m);
+  for (int step = 0; step < 6; ++step) {
+    const bool first_pair = step % 2 == 0;
+    models::DeepseekV3Cache& g0 = first_pair ? p0 : p2;
+    models::DeepseekV3Cache& g1 = first_pair ? p1 : p3;
+    models::DeepseekV3Cache& e0 = first_pair ? q0 : q2;
+    models::DeepseekV3Cache& e1 = first_pair ? q1 : q3;
+    const auto ids = random_ids(2, V, seed + 10 + static_cast<uint64_t>(step));
+    const Tensor want = m.forward_on_device({{{ids[0]}, &e0}, {{ids[1]}, &e1}});
+    const Tensor got = graphs.step({{{ids[0]}, &g0}, {{ids[1]}, &g1}});
+    ASSERT_TRUE(got.defined());
+    EXPECT_TRUE(bitwise_equal(got, want)) << "step " << step;
+    EXPECT_EQ(g0.length(), e0.length());
+    EXPECT_EQ(g1.length(), e1.length());
+  }
+  // One key: its first step eager, its second recorded, then replays (the pairs' lengths differ
+  // by one step, within one key bound).
+  EXPECT_EQ(graphs.stats().eager_steps, 1);
+  EXPECT_EQ(graphs.stats().recorded, 1);
+  EXPECT_EQ(graphs.stats().replays, 5);
+}
+
+TEST(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
+  // Sequences of different lengths leave at different steps (batch 3, then 2, then 1) and grow
+  // past the first key bound (64 keys); greedy and sampled.
+  GraphFixture f;
+  const int64_t V = f.lm.config.vocab_size;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  for (const runtime::SamplingParams& sp : {runtime::SamplingParams{}, runtime::SamplingParams{0.8, 20, 0.95, seed}}) {
+    const std::vector<runtime::GenerationRequest> reqs = {{random_ids(50, V, seed), 30, sp},
+                                                          {random_ids(7, V, seed + 1), 12, sp},
+                                                          {random_ids(20, V, seed + 2), 5, sp}};
+    runtime::Generator eager(*f.lm.model, f.kv, {});
+    const auto want = eager.generate(reqs);
+    runtime::DecodeGraphs graphs(*f.lm.model);
+    runtime::Generator graphed(*f.lm.model, f.kv, {}, &graphs);
+    const auto got = graphed.generate(reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+    const auto& st = graphs.stats();
+    EXPECT_GE(st.eager_steps, 4);  // keys (3, 64), (2, 64), (1, 64), (1, 128)
+    EXPECT_GE(st.recorded, 3);
+    EXPECT_GT(st.replays, 15);
+    EXPECT_EQ(st.declined, 0);  // the prefill step never reaches it
+    EXPECT_EQ(f.kv.live_sequences(), 0);
+  }
+}
+
+TEST(DecodeGraphs, StepsWithSeveralTokensAreLeftToTheCallerUntouched) {
+  GraphFixture f;
+  auto& m = *f.lm.model;
+  auto cache = m.new_cache(32);
+  runtime::DecodeGraphs graphs(m);
+  EXPECT_FALSE(graphs.step({{{1, 2, 3}, &cache}}).defined());
+  EXPECT_EQ(cache.length(), 0);
+  EXPECT_EQ(graphs.stats().declined, 1);
+  // Bad input is refused before anything runs, as by forward().
+  expect_error([&] { graphs.step({{{static_cast<int32_t>(f.lm.config.vocab_size)}, &cache}}); }, {"outside the vocabulary"});
+  EXPECT_EQ(cache.length(), 0);
+  EXPECT_EQ(runtime::DecodeGraphs::key_bound(0), 64);
+  EXPECT_EQ(runtime::DecodeGraphs::key_bound(63), 64);
+  EXPECT_EQ(runtime::DecodeGraphs::key_bound(64), 128);
+}
+
+}  // namespace
+}  // namespace locus::testing
