@@ -379,25 +379,29 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
 
 namespace {
 
-// -1: not read yet; else 0 / 1 (LOCUS_MOE_INDEXED, or set_moe_indexed_experts).
+// -1: not read yet; else 0 (never), 1 (few pairs per expert), 2 (always): LOCUS_MOE_INDEXED,
+// or set_moe_indexed_experts.
 std::atomic<int> g_indexed{-1};
+
+int moe_indexed_mode() {
+  int v = g_indexed.load();
+  if (v < 0) {
+    const std::string env = std::getenv("LOCUS_MOE_INDEXED") ? std::getenv("LOCUS_MOE_INDEXED") : "";
+    v = env == "0" ? 0 : env == "all" ? 2 : 1;
+    g_indexed.store(v);
+  }
+  return v;
+}
 
 }  // namespace
 
-bool moe_indexed_experts() {
-  int v = g_indexed.load();
-  if (v < 0) {
-    const char* env = std::getenv("LOCUS_MOE_INDEXED");
-    v = env && std::string(env) == "0" ? 0 : 1;
-    g_indexed.store(v);
-  }
-  return v == 1;
-}
+bool moe_indexed_experts() { return moe_indexed_mode() >= 1; }
 
 void set_moe_indexed_experts(bool on) { g_indexed.store(on ? 1 : 0); }
 
 const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
-  if (!moe_indexed_experts() || tokens * cfg_.top_k * 4 > cfg_.num_experts) return nullptr;
+  const int mode = moe_indexed_mode();
+  if (mode == 0 || (mode == 1 && tokens * cfg_.top_k * 4 > cfg_.num_experts)) return nullptr;
   const int P = experts_partitioned() ? experts_plan_.layout.num_partitions() : 1;
   auto partition = [&](int i) { return experts_partitioned() ? i : -1; };
   // The cached sets hold while every expert's units are where they were (no per-call copies).

@@ -161,7 +161,9 @@ class MoE : public Module {
 };
 
 // Whether MoE decode may take NVFP4 experts by id on the device (MoE's indexed_experts):
-// LOCUS_MOE_INDEXED (default on, "0" off); tests and benchmarks switch it.
+// LOCUS_MOE_INDEXED (default on where at most one (token, choice) pair in 4 experts is routed;
+// "0" off; "all": at any batch, an expert chosen by several tokens then streamed once per token);
+// tests and benchmarks switch it (set_moe_indexed_experts(true) is the default mode).
 bool moe_indexed_experts();
 void set_moe_indexed_experts(bool on);
 

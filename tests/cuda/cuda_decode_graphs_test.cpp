@@ -110,16 +110,17 @@ TEST(CudaKvTable, AGraphReadsTheTableAtEachReplay) {
   cuda::destroy_stream(stream);
 }
 
-TEST(CudaGraphMemory, ScratchFreedDuringACaptureStaysWithTheGraph) {
+TEST(CudaGraphMemory, ScratchFreedDuringACaptureServesItThenStaysWithTheGraph) {
   LOCUS_REQUIRE_GPU();
   void* stream = cuda::create_capture_stream(0);
   cuda::Graph graph;
   void* scratch_ptr = nullptr;
   Tensor out = poisoned_gpu({1024}, DType::kFP32);
   graph.begin_capture(stream);
-  {
-    Tensor scratch = Tensor::empty({1 << 20}, DType::kFP32, kDev);  // an op's scratch, freed in the capture
-    scratch_ptr = scratch.data_ptr();
+  for (int layer = 0; layer < 3; ++layer) {  // each "layer" frees its scratch before the next takes one
+    Tensor scratch = Tensor::empty({1 << 20}, DType::kFP32, kDev);
+    if (layer == 0) scratch_ptr = scratch.data_ptr();
+    EXPECT_EQ(scratch.data_ptr(), scratch_ptr) << "layer " << layer << " did not reuse the capture's freed block";
     ops::add(out, out, scratch.slice(0, 0, 1024), Stream{kDev, stream});
     ops::cast(scratch.slice(0, 0, 1024), out, Stream{kDev, stream});
   }
@@ -143,10 +144,11 @@ TEST(CudaGraphMemory, ScratchFreedDuringACaptureStaysWithTheGraph) {
 
 // Decode steps of two sequences through DecodeGraphs against the same steps run eagerly by
 // forward_on_device on copies of the caches.
-void check_graphs_follow_eager(bool nvfp4, int64_t batch) {
+void check_graphs_follow_eager(bool nvfp4, int64_t batch, int domains = 0) {
   const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "BF16") << ", batch " << batch << ", seed " << seed);
-  auto gpu = load_model(tiny_model_dir(nvfp4), 0, "cuda");
+  SCOPED_TRACE(::testing::Message() << (nvfp4 ? "NVFP4" : "BF16") << ", batch " << batch << ", domains " << domains
+                                    << ", seed " << seed);
+  auto gpu = load_model(tiny_model_dir(nvfp4), domains, "cuda");
   auto& m = *gpu.model;
   const int64_t V = gpu.config.vocab_size;
   std::vector<models::DeepseekV3Cache> g, e;
@@ -174,6 +176,7 @@ void check_graphs_follow_eager(bool nvfp4, int64_t batch) {
     }
     const Tensor got = fetch(got_dev);
     EXPECT_LT(rel_error(got, to_doubles(want)), kBf16ModelTolerance) << "step " << step;
+    if (step >= 1) EXPECT_EQ(graphs.stats().replays, step) << "steps after the first are replays";
     for (int64_t b = 0; b < batch; ++b) EXPECT_EQ(g[static_cast<size_t>(b)].length(), e[static_cast<size_t>(b)].length());
   }
 }
@@ -182,6 +185,9 @@ TEST(CudaDecodeGraphs, Nvfp4BatchOneIsRecordedAndReplaysMatchEager) {
   LOCUS_REQUIRE_GPU();
   // The tiny model's MoE (8 experts, top 2) takes NVFP4 experts by id at one token: capturable.
   check_graphs_follow_eager(true, 1);
+  // Locality domains on: the partitioned ops' fork/joins over the domains' green-context streams
+  // are captured too.
+  check_graphs_follow_eager(true, 1, 2);
 }
 
 TEST(CudaDecodeGraphs, AStepThatReadsBackIsDeclinedWithTheReason) {

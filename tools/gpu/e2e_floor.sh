@@ -124,6 +124,9 @@ for fmt in $formats; do
     # Decode MoE takes its experts by id on the device where few pairs share an expert; this run
     # groups them by expert with the offsets read back, as every batch did before.
     runs+=("off, grouped experts|off|LOCUS_MOE_INDEXED=0|")
+    # Experts by id at every batch (an expert several tokens chose is streamed once per token), so
+    # that batch 8 of this model's 32 experts fits a graph too.
+    runs+=("off, graphs, experts by id|off|LOCUS_MOE_INDEXED=all|--cuda-graphs")
   fi
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs flags <<< "$run"

@@ -35,8 +35,6 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <mutex>
-#include <unordered_set>
 #include <vector>
 
 #include "backends/cuda/capture_state.h"
@@ -46,57 +44,6 @@
 
 namespace locus::cuda {
 
-namespace detail {
-namespace {
-
-std::atomic<int> g_captures{0};
-
-// Blocks handed out during a capture, and those of them freed before it ended (capture_state.h).
-struct CaptureBlocks {
-  std::mutex mu;
-  std::unordered_set<void*> live;
-  std::vector<void*> freed;
-};
-CaptureBlocks& capture_blocks() {
-  static auto* blocks = new CaptureBlocks();  // never destroyed, as the hooks
-  return *blocks;
-}
-
-}  // namespace
-
-void capture_started() { ++g_captures; }
-
-std::vector<void*> capture_ended() {
-  CaptureBlocks& cb = capture_blocks();
-  std::lock_guard<std::mutex> lock(cb.mu);
-  std::vector<void*> held;
-  if (--g_captures == 0) {
-    held.swap(cb.freed);
-    cb.live.clear();
-  }
-  return held;
-}
-
-bool capture_in_progress() { return g_captures.load() > 0; }
-
-// Called by the hooks for every allocation while a capture is in progress.
-void note_capture_allocation(void* p) {
-  CaptureBlocks& cb = capture_blocks();
-  std::lock_guard<std::mutex> lock(cb.mu);
-  if (g_captures.load() > 0) cb.live.insert(p);
-}
-
-// True when `p` was handed out during the capture in progress: it is kept, not cached.
-bool keep_for_capture(void* p) {
-  if (g_captures.load() == 0) return false;  // the set is emptied when the last capture ends
-  CaptureBlocks& cb = capture_blocks();
-  std::lock_guard<std::mutex> lock(cb.mu);
-  if (cb.live.erase(p) == 0) return false;
-  cb.freed.push_back(p);
-  return true;
-}
-
-}  // namespace detail
 
 namespace {
 
@@ -152,8 +99,12 @@ class CudaHooks final : public DeviceHooks {
   // The domain selects the pool and is recorded by Tensor's Storage and the memory statistics; on a
   // driver without locality-domain memory (CUDA < 13.4) every domain is an ordinary allocation.
   void* allocate(size_t bytes, int device_index, int domain) override {
+    const bool capturing = detail::capture_in_progress();
+    if (capturing) {
+      if (void* p = detail::reuse_capture_block(BlockCache::size_class(bytes), device_index, domain)) return p;
+    }
     void* p = cache_.allocate(bytes, device_index, domain);
-    if (detail::capture_in_progress()) detail::note_capture_allocation(p);
+    if (capturing) detail::note_capture_allocation(p, BlockCache::size_class(bytes), device_index, domain);
     if (poison_ && bytes && !detail::capture_in_progress()) {
       try {
         fill_bytes(p, device_index, 0xFF, bytes);
