@@ -1,22 +1,36 @@
-// runtime::DecodeGraphs: per key, device tables filled before each step, an eager first step,
-// then a recorded graph replayed on the default stream; host-side cache lengths advanced after.
+// runtime::DecodeGraphs: per key, tables staged on the host before each step and uploaded by the
+// step itself (the graph's first copy), an eager first step, then a recorded graph replayed on the
+// default stream; host-side cache lengths advanced after.
 #include "runtime/decode_graphs.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "core/host_profile.h"
+#include "ops/host_upload.h"
 
 namespace locus::runtime {
 
 // One key's graph and the device tables it reads (allocated once: the graph holds their addresses).
 struct DecodeGraphs::Entry {
-  models::DecodeTables tables;  // ids and lengths share one i32 buffer, [ids | lengths]
-  Tensor small;                 // i32 [2B] on the device
-  Tensor small_host, rows_host;  // staging: i32 [2B], i64 [layers, B]
+  models::DecodeTables tables;   // ids and lengths share one i32 buffer, [ids | lengths]
+  Tensor small;                  // i32 [2B] on the model's device
+  Tensor small_host, rows_host;  // staging (page-locked for CUDA): i32 [2B], i64 [layers, B]
   bool warmed = false;           // the key's first (eager) step ran
   bool failed = false;           // its capture failed: its steps are declined
   ops::StepGraph graph;
+
+  // The step: the staged tables up to the device (on the CPU the tables are the staging), then
+  // the model from them.
+  ops::StepGraph::Body body(models::DeepseekV3ForCausalLM* model) const {
+    return [model, t = tables, small = small, small_host = small_host, rows_host = rows_host](const Stream& stream) {
+      if (!small.device().is_cpu()) {
+        ops::upload(small_host, small, stream);
+        ops::upload(rows_host, t.kv_rows, stream);
+      }
+      return model->forward_decode_table(t, stream);
+    };
+  }
 };
 
 DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model) : model_(model) {}
@@ -36,8 +50,8 @@ DecodeGraphs::Entry& DecodeGraphs::entry(const Key& key) {
     const int64_t B = key.first, L = model_.config().num_hidden_layers;
     const Device dev = model_.options().device;
     auto e = std::make_unique<Entry>();
-    e->small_host = Tensor::empty({2 * B}, DType::kI32);
-    e->rows_host = Tensor::empty({L, B}, DType::kI64);
+    e->small_host = ops::host_staging({2 * B}, DType::kI32, dev);
+    e->rows_host = ops::host_staging({L, B}, DType::kI64, dev);
     e->small = dev.is_cpu() ? e->small_host : Tensor::empty({2 * B}, DType::kI32, dev);
     e->tables.ids = e->small.slice(0, 0, B);
     e->tables.lengths = e->small.slice(0, B, 2 * B);
@@ -50,6 +64,9 @@ DecodeGraphs::Entry& DecodeGraphs::entry(const Key& key) {
 
 void DecodeGraphs::fill_tables(Entry& e, const std::vector<models::SequenceStep>& batch) {
   const int64_t B = static_cast<int64_t>(batch.size()), L = model_.config().num_hidden_layers;
+  // The previous step's upload may still read the staging: wait for the default stream (it has
+  // usually run dry already, the caller having read the step's tokens back).
+  ops::synchronize(model_.options().device);
   int32_t* small = e.small_host.data<int32_t>();
   int64_t* rows = e.rows_host.data<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
@@ -59,10 +76,6 @@ void DecodeGraphs::fill_tables(Entry& e, const std::vector<models::SequenceStep>
     for (int64_t l = 0; l < L; ++l)
       rows[l * B + b] = static_cast<int64_t>(
           reinterpret_cast<intptr_t>(cache.layers[static_cast<size_t>(l)].latent.data_ptr()));
-  }
-  if (e.small.data_ptr() != e.small_host.data_ptr()) {
-    e.small.copy_(e.small_host);
-    e.tables.kv_rows.copy_(e.rows_host);
   }
 }
 
@@ -88,21 +101,19 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
     return {};
   }
   {
-    HostProfileScope profile("decode graphs: tables to the device");
+    HostProfileScope profile("decode graphs: tables staged");
     fill_tables(e, batch);
   }
   Tensor logits;
   if (!e.warmed) {
-    logits = model_.forward_decode_table(e.tables);
+    logits = e.body(&model_)(Stream{dev, nullptr});
     e.warmed = true;
     ++stats_.eager_steps;
   } else {
     if (!e.graph.recorded()) {
       HostProfileScope profile("decode graphs: record");
       try {
-        models::DeepseekV3ForCausalLM* model = &model_;
-        const models::DecodeTables tables = e.tables;
-        e.graph.record(dev, [model, tables](const Stream& stream) { return model->forward_decode_table(tables, stream); });
+        e.graph.record(dev, e.body(&model_));
         ++stats_.recorded;
       } catch (const Error& err) {
         e.failed = true;

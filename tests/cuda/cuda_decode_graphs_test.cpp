@@ -11,6 +11,7 @@
 #include "models/model_test_util.h"
 #include "modules/mla_attention_reference.h"
 #include "modules/moe.h"
+#include "ops/host_upload.h"
 #include "ops/kv_table.h"
 #include "ops/norm.h"
 #include "runtime/decode_graphs.h"
@@ -105,6 +106,25 @@ TEST(CudaKvTable, AGraphReadsTheTableAtEachReplay) {
     Tensor want = poisoned_gpu({2, H, TableCaches::kDc}, DType::kBF16);
     ops::mla_attention_table(q_lat, q_pe, c->gpu_table, want, 0.1f, Stream{kDev, stream});
     EXPECT_TRUE(bitwise_equal(fetch(out), fetch(want)));
+  }
+  graph = cuda::Graph();
+  cuda::destroy_stream(stream);
+}
+
+TEST(CudaHostUpload, AGraphCopiesTheStagingAsItIsAtEachReplay) {
+  LOCUS_REQUIRE_GPU();
+  Tensor staging = ops::host_staging({1000}, DType::kI32, kDev);
+  Tensor dst = poisoned_gpu({1000}, DType::kI32);
+  void* stream = cuda::create_capture_stream(0);
+  cuda::Graph graph;
+  graph.begin_capture(stream);
+  ops::upload(staging, dst, Stream{kDev, stream});
+  graph.end_capture();
+  for (int round = 0; round < 3; ++round) {
+    ops::synchronize(kDev, Stream{kDev, stream});  // the last replay has read the staging
+    for (int i = 0; i < 1000; ++i) staging.data<int32_t>()[i] = round * 1000 + i;
+    graph.replay(stream);
+    EXPECT_TRUE(bitwise_equal(fetch(dst), staging)) << "round " << round;
   }
   graph = cuda::Graph();
   cuda::destroy_stream(stream);

@@ -1,0 +1,37 @@
+// Page-locked staging tensors and asynchronous uploads from them (host_upload.h).
+#include "backends/cuda/host_upload.h"
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "backends/cuda/cuda_check.h"
+
+namespace locus::cuda {
+
+Tensor pinned_host_empty(const Shape& shape, DType dtype) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+  void* p = nullptr;
+  LOCUS_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 16));
+  std::shared_ptr<void> owner(p, [](void* q) {
+    if (cudaFreeHost(q) != cudaSuccess) cudaGetLastError();  // teardown after the driver: ignore
+  });
+  return Tensor::from_blob(p, shape, dtype, Device::cpu(), std::move(owner));
+}
+
+void upload(const Tensor& src, const Tensor& dst, void* stream) {
+  LOCUS_CHECK(dst.device().is_cuda(), "cuda::upload: the destination must be on a CUDA device, got ", dst.describe());
+  if (src.nbytes() == 0) return;
+  use_device(dst.device().index);
+  LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyHostToDevice,
+                                   static_cast<cudaStream_t>(stream)));
+}
+
+void stream_synchronize(int device_index, void* stream) {
+  use_device(device_index);
+  LOCUS_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
+}  // namespace locus::cuda
