@@ -5,7 +5,12 @@
 // touch other experts, and a call's weights (8 experts: 198 MB at T = 1) exceed the L2.
 // Columns (us per layer stage, the median over replays of a graph of R calls, graphs interleaved):
 //   each     one launch per expert and projection (LOCUS_NVFP4_ROW_BLOCKS=0);
-//   shared   experts with equal row counts share launches (the default);
+//   shared   experts with equal row counts share launches (the default when grouping);
+//   by id    ops::nvfp4_gemm_indexed, as MoE decode runs where few pairs share an expert: one
+//            launch per projection, each (token, choice) pair streaming its expert (an expert two
+//            tokens chose is streamed twice);
+//   one      one expert on the T token rows (the shared expert's stage): what a stage costs
+//            beyond its bytes;
 //   floor    the active experts' weight bytes at the measured device copy bandwidth.
 // usage: cuda_moe_experts_bench [--tokens T1,T2,..] [--experts E]
 #include <cuda_runtime_api.h>
@@ -20,6 +25,7 @@
 #include "backends/cuda/stream_gemm.h"
 #include "graph_timing.h"
 #include "nvfp4_bench_weights.h"
+#include "ops/nvfp4_indexed.h"
 #include "ops/nvfp4_row_blocks.h"
 
 using namespace locus;
@@ -33,6 +39,7 @@ constexpr int kCalls = 8;  // routings (calls) per graph
 // One call: the blocks of a routing of T tokens (8 distinct experts each) over `experts`.
 struct Routing {
   std::vector<ops::Nvfp4RowBlock> gate_up, down;
+  std::vector<int32_t> ids;  // [tokens, 8]: each token's experts, in the order drawn
   int64_t active = 0;
   double weight_bytes = 0;
 };
@@ -40,6 +47,7 @@ struct Routing {
 Routing route(int64_t tokens, int64_t experts, std::mt19937_64& rng, const std::vector<ops::Nvfp4Weight>& gate_up,
               const std::vector<ops::Nvfp4Weight>& down) {
   std::vector<int64_t> count(static_cast<size_t>(experts), 0), ids(static_cast<size_t>(experts));
+  std::vector<int32_t> chosen;
   std::iota(ids.begin(), ids.end(), 0);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t j = 0; j < kTopK; ++j) {  // a partial shuffle: 8 distinct experts
@@ -47,8 +55,10 @@ Routing route(int64_t tokens, int64_t experts, std::mt19937_64& rng, const std::
       std::swap(ids[static_cast<size_t>(j)], ids[static_cast<size_t>(pick(rng))]);
       ++count[static_cast<size_t>(ids[static_cast<size_t>(j)])];
     }
+    chosen.insert(chosen.end(), ids.begin(), ids.begin() + kTopK);
   }
   Routing r;
+  r.ids = std::move(chosen);
   int64_t row = 0;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t n = count[static_cast<size_t>(e)];
@@ -101,20 +111,39 @@ int main(int argc, char** argv) {
     down.push_back(cuda::nvfp4_prepare(random_fp4_host(kHidden, kInter, rng), 0, -1));
   }
   const Device dev = Device::cuda(0);
-  std::printf("| tokens | active experts (mean) | launches each / shared | each us | shared us | each / shared | "
-              "floor us | shared / floor |\n|---|---|---|---|---|---|---|---|\n");
+  std::vector<const ops::Nvfp4Weight*> gu_ptrs, dn_ptrs;
+  for (int64_t e = 0; e < experts; ++e) {
+    gu_ptrs.push_back(&gate_up[static_cast<size_t>(e)]);
+    dn_ptrs.push_back(&down[static_cast<size_t>(e)]);
+  }
+  const ops::Nvfp4WeightSet gu_set(gu_ptrs), dn_set(dn_ptrs);
+  std::printf("| tokens | active experts (mean) | launches each / shared | each us | shared us | by id us | one us | "
+              "floor us | shared / floor | by id / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int64_t tokens : token_counts) {
     const int64_t rows = tokens * kTopK;
     Tensor x = Tensor::empty({rows, kHidden}, DType::kBF16, dev), h = Tensor::empty({rows, kInter}, DType::kBF16, dev);
     Tensor y = Tensor::empty({rows, kHidden}, DType::kFP32, dev);
     fill_random_bf16(x, rng);
     std::vector<Routing> calls;
+    std::vector<Tensor> ids;  // i32 [tokens, 8] per call, on the device
     double active = 0, bytes = 0;
     for (int c = 0; c < kCalls; ++c) {
       calls.push_back(route(tokens, experts, rng, gate_up, down));
       active += static_cast<double>(calls.back().active) / kCalls;
       bytes += calls.back().weight_bytes / kCalls;
+      ids.push_back(Tensor::from_blob(calls.back().ids.data(), {tokens, kTopK}, DType::kI32).to(dev));
     }
+    auto by_id = [&](int c) {
+      const Tensor& id = ids[static_cast<size_t>(c)];
+      ops::nvfp4_gemm_indexed(x.slice(0, 0, tokens), id, gu_set, h, true, Stream{dev, s});
+      ops::nvfp4_gemm_indexed(h, id.view({rows, 1}), dn_set, y, false, Stream{dev, s});
+    };
+    auto one = [&](int c) {  // expert c (distinct per call, so its weights are not in the L2)
+      const std::vector<ops::Nvfp4RowBlock> gu{{&gate_up[static_cast<size_t>(c)], 0, tokens}};
+      const std::vector<ops::Nvfp4RowBlock> dn{{&down[static_cast<size_t>(c)], 0, tokens}};
+      ops::nvfp4_gemm_row_blocks(x, gu, h, true, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(h, dn, y, false, Stream{dev, s});
+    };
     auto stage = [&](int c) {
       ops::nvfp4_gemm_row_blocks(x, calls[static_cast<size_t>(c)].gate_up, h, true, Stream{dev, s});
       ops::nvfp4_gemm_row_blocks(h, calls[static_cast<size_t>(c)].down, y, false, Stream{dev, s});
@@ -123,7 +152,7 @@ int main(int argc, char** argv) {
       return cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);
     };
     uint64_t launches[2];
-    double t[2];
+    double t[2], t_id = 0, t_one = 0;
     InterleavedTimer timer(s);
     for (const int shared : {0, 1}) {
       cuda::set_nvfp4_row_block_launches(shared == 1);
@@ -132,11 +161,14 @@ int main(int argc, char** argv) {
       launches[shared] = stream_launches() - before;
       timer.add(&t[shared], kCalls, stage);
     }
+    timer.add(&t_id, kCalls, by_id);
+    timer.add(&t_one, kCalls, one);
     timer.run(20);
     const double floor = bytes / bw;
-    std::printf("| %lld | %.1f | %llu / %llu | %.1f | %.1f | %.2f | %.1f | %.2f |\n", static_cast<long long>(tokens),
-                active, static_cast<unsigned long long>(launches[0]), static_cast<unsigned long long>(launches[1]),
-                t[0] * 1e6, t[1] * 1e6, t[0] / t[1], floor * 1e6, t[1] / floor);
+    std::printf("| %lld | %.1f | %llu / %llu | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n",
+                static_cast<long long>(tokens), active, static_cast<unsigned long long>(launches[0]),
+                static_cast<unsigned long long>(launches[1]), t[0] * 1e6, t[1] * 1e6, t_id * 1e6, t_one * 1e6,
+                floor * 1e6, t[1] / floor, t_id / floor);
   }
   cuda::set_nvfp4_row_block_launches(true);
   std::printf("\n(launches: of call 0's stage, streaming kernel only; each = one per expert and projection)\n");
