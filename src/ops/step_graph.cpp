@@ -26,6 +26,8 @@ struct StepGraph::Impl {
 StepGraph::StepGraph() : impl_(std::make_unique<Impl>()) {}
 StepGraph::~StepGraph() = default;
 
+void StepGraph::clear() { impl_ = std::make_unique<Impl>(); }
+
 bool StepGraph::recorded() const {
 #if defined(LOCUS_WITH_CUDA)
   if (impl_->graph.ready()) return true;

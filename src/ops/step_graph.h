@@ -30,6 +30,8 @@ class StepGraph {
   // Runs the recorded step on `stream` (queued, on CUDA) and returns its output.
   Tensor replay(const Stream& stream);
   bool recorded() const;
+  // Forgets the recorded step (on CUDA the graph and the scratch it kept go back).
+  void clear();
 
  private:
   struct Impl;

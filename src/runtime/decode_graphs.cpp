@@ -17,6 +17,7 @@ struct DecodeGraphs::Entry {
   Tensor small;                  // i32 [2B] on the model's device
   Tensor small_host, rows_host;  // staging (page-locked for CUDA): i32 [2B], i64 [layers, B]
   bool warmed = false;           // the key's first (eager) step ran
+  int64_t last_used = 0;         // DecodeGraphs::clock_ at its last step
   bool failed = false;           // its capture failed: its steps are declined
   ops::StepGraph graph;
 
@@ -33,10 +34,26 @@ struct DecodeGraphs::Entry {
   }
 };
 
-DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model) : model_(model) {}
+DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model, int max_graphs)
+    : model_(model), max_graphs_(max_graphs) {
+  LOCUS_CHECK(max_graphs >= 1, "DecodeGraphs: max_graphs must be at least 1, got ", max_graphs);
+}
 DecodeGraphs::~DecodeGraphs() = default;
 
 void DecodeGraphs::clear() { entries_.clear(); }
+
+void DecodeGraphs::make_room() {
+  int recorded = 0;
+  Entry* oldest = nullptr;
+  for (auto& [key, e] : entries_) {
+    if (!e->graph.recorded()) continue;
+    ++recorded;
+    if (!oldest || e->last_used < oldest->last_used) oldest = e.get();
+  }
+  if (recorded < max_graphs_ || !oldest) return;
+  oldest->graph.clear();  // its tables stay; the key records again when it comes back
+  ++stats_.evicted;
+}
 
 int64_t DecodeGraphs::key_bound(int64_t max_length) {
   int64_t bound = 64;
@@ -100,6 +117,7 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
     ++stats_.declined;
     return {};
   }
+  e.last_used = ++clock_;
   {
     HostProfileScope profile("decode graphs: tables staged");
     fill_tables(e, batch);
@@ -112,6 +130,7 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
   } else {
     if (!e.graph.recorded()) {
       HostProfileScope profile("decode graphs: record");
+      make_room();
       try {
         e.graph.record(dev, e.body(&model_));
         ++stats_.recorded;

@@ -14,8 +14,10 @@
 // with ops::StepGraph's CPU form (the recorded function run again), which holds the graphs to
 // reading every changing input from the tables.
 //
-// Weights reloaded in place keep their addresses, so graphs stay valid; anything that moves
-// weights (localize, rebuild after a transform) must clear() first.
+// Each graph keeps its step's scratch (its eager peak) on the device, so at most max_graphs are
+// kept: recording one more drops the least recently replayed (its key records again when it
+// comes back). Weights reloaded in place keep their addresses, so graphs stay valid; anything that
+// moves weights (localize, rebuild after a transform) must clear() first.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -31,7 +33,8 @@ namespace locus::runtime {
 
 class DecodeGraphs {
  public:
-  explicit DecodeGraphs(models::DeepseekV3ForCausalLM& model);
+  static constexpr int kDefaultMaxGraphs = 32;
+  explicit DecodeGraphs(models::DeepseekV3ForCausalLM& model, int max_graphs = kDefaultMaxGraphs);
   ~DecodeGraphs();
 
   // Runs `batch` when it qualifies and returns its fp32 logits [B, vocab] on the model's device
@@ -46,6 +49,7 @@ class DecodeGraphs {
     int64_t recorded = 0;     // graphs recorded
     int64_t replays = 0;      // steps run by a graph replay
     int64_t declined = 0;     // steps left to the caller
+    int64_t evicted = 0;      // graphs dropped to keep at most max_graphs
     std::string capture_failure;  // why the last key that failed could not be captured
   };
   const Stats& stats() const { return stats_; }
@@ -61,7 +65,11 @@ class DecodeGraphs {
   Entry& entry(const Key& key);
   void fill_tables(Entry& e, const std::vector<models::SequenceStep>& batch);
 
+  void make_room();  // drops the least recently used graph when max_graphs are recorded
+
   models::DeepseekV3ForCausalLM& model_;
+  int max_graphs_;
+  int64_t clock_ = 0;  // steps run, for least-recently-used eviction
   std::map<Key, std::unique_ptr<Entry>> entries_;
   Stats stats_;
 };

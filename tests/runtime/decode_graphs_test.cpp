@@ -119,6 +119,33 @@ TEST(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
   }
 }
 
+TEST(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {
+  // One graph kept: batch sizes 2 and 1 take turns, each recording over the other's.
+  GraphFixture f;
+  auto& m = *f.lm.model;
+  const int64_t V = f.lm.config.vocab_size;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto [a, a2] = prefilled_twice(m, random_ids(5, V, seed));
+  auto [b, b2] = prefilled_twice(m, random_ids(5, V, seed + 1));
+  runtime::DecodeGraphs graphs(m, 1);
+  for (int step = 0; step < 8; ++step) {
+    const auto ids = random_ids(2, V, seed + 10 + static_cast<uint64_t>(step));
+    const bool pair = step % 4 < 2;  // two steps of the pair, then two of `a` alone
+    const Tensor want = pair ? m.forward_on_device({{{ids[0]}, &a2}, {{ids[1]}, &b2}})
+                             : m.forward_on_device({{{ids[0]}, &a2}});
+    const Tensor got = pair ? graphs.step({{{ids[0]}, &a}, {{ids[1]}, &b}}) : graphs.step({{{ids[0]}, &a}});
+    ASSERT_TRUE(got.defined());
+    EXPECT_TRUE(bitwise_equal(got, want)) << "step " << step;
+  }
+  EXPECT_EQ(graphs.stats().eager_steps, 2);  // each key's first step
+  // Recorded at steps 1 (pair), 3 (alone, evicting the pair's), 4 (pair again, evicting) and 6.
+  EXPECT_EQ(graphs.stats().recorded, 4);
+  EXPECT_EQ(graphs.stats().evicted, 3);
+  EXPECT_EQ(graphs.stats().replays, 6);
+  expect_error([&] { runtime::DecodeGraphs(m, 0); }, {"max_graphs"});
+}
+
 TEST(DecodeGraphs, StepsWithSeveralTokensAreLeftToTheCallerUntouched) {
   GraphFixture f;
   auto& m = *f.lm.model;
