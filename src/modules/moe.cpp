@@ -401,7 +401,9 @@ void set_moe_indexed_experts(bool on) { g_indexed.store(on ? 1 : 0); }
 
 const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
   const int mode = moe_indexed_mode();
-  if (mode == 0 || (mode == 1 && tokens * cfg_.top_k * 4 > cfg_.num_experts)) return nullptr;
+  // By id while the pairs are at most half the experts: cuda_moe_experts_bench (H100, 32 experts)
+  // has it 7% faster than grouping at 16 pairs and 11% slower at 32 (docs/benchmarks.md).
+  if (mode == 0 || (mode == 1 && tokens * cfg_.top_k * 2 > cfg_.num_experts)) return nullptr;
   const int P = experts_partitioned() ? experts_plan_.layout.num_partitions() : 1;
   auto partition = [&](int i) { return experts_partitioned() ? i : -1; };
   // The cached sets hold while every expert's units are where they were (no per-call copies).

@@ -130,7 +130,7 @@ class MoE : public Module {
   // nothing waits for the device; partitioned experts do so per partition, each on its shards
   // and its columns of the two stages' outputs, inside the same fork/joins as the grouped path.
   // Null where that does not apply: an expert's linears are not single NVFP4 weights (per
-  // partition), more than one pair in 4 experts would be routed (each pair reads its expert's
+  // partition), more than one pair in 2 experts would be routed (each pair reads its expert's
   // weight, so tokens sharing one would read it again), or LOCUS_MOE_INDEXED=0.
   struct IndexedPart {
     IndexedPart(std::vector<const ops::Nvfp4Weight*> gu, std::vector<const ops::Nvfp4Weight*> dn)
@@ -161,7 +161,7 @@ class MoE : public Module {
 };
 
 // Whether MoE decode may take NVFP4 experts by id on the device (MoE's indexed_experts):
-// LOCUS_MOE_INDEXED (default on where at most one (token, choice) pair in 4 experts is routed;
+// LOCUS_MOE_INDEXED (default on where at most one (token, choice) pair in 2 experts is routed;
 // "0" off; "all": at any batch, an expert chosen by several tokens then streamed once per token);
 // tests and benchmarks switch it (set_moe_indexed_experts(true) is the default mode).
 bool moe_indexed_experts();
