@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "models/model_test_util.h"
+#include "runtime/decode_graphs.h"
 #include "runtime/generator.h"
 
 namespace locus::testing {
@@ -30,9 +31,12 @@ void wait_for(const std::atomic<int>& count, int n) {
 
 // Requests that wait together start together: the result is the Generator's for the same batch
 // (sequence i there samples with seed + i, here each with its own seed), every token streamed;
-// a request the KV cache rejects fails alone, naming why, and the others complete.
-TEST(BatchingEngine, WaitingRequestsStartAsOneBatchAndABadOneFailsAlone) {
+// a request the KV cache rejects fails alone, naming why, and the others complete. With decode
+// graphs (runtime/decode_graphs.h; on the CPU the recorded step run again) the tokens are the same.
+void check_waiting_requests_start_as_one_batch(bool with_graphs) {
+  SCOPED_TRACE(with_graphs ? "decode graphs" : "eager");
   EngineFixture f;
+  runtime::DecodeGraphs graphs(*f.lm.model);
   std::vector<runtime::GenerationRequest> reqs = {
       {random_ids(3, f.vocab(), fresh_seed()), 5, {}},
       {random_ids(5, f.vocab(), fresh_seed()), 4, {0.9, 20, 0.95, 11}},
@@ -45,7 +49,7 @@ TEST(BatchingEngine, WaitingRequestsStartAsOneBatchAndABadOneFailsAlone) {
 
   std::vector<std::vector<int32_t>> streamed(reqs.size());
   {
-    serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4);
+    serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, with_graphs ? &graphs : nullptr);
     // A one-token request holds the worker inside its only step until the others are queued.
     std::atomic<bool> release{false};
     std::atomic<int> gate_started{0};
@@ -77,6 +81,12 @@ TEST(BatchingEngine, WaitingRequestsStartAsOneBatchAndABadOneFailsAlone) {
     EXPECT_EQ(engine.max_batch_seen(), 3);
   }
   EXPECT_EQ(f.kv.live_sequences(), 0);
+  if (with_graphs) EXPECT_GT(graphs.stats().replays, 0);
+}
+
+TEST(BatchingEngine, WaitingRequestsStartAsOneBatchAndABadOneFailsAlone) {
+  check_waiting_requests_start_as_one_batch(false);
+  check_waiting_requests_start_as_one_batch(true);
 }
 
 // A request that arrives while another is decoding joins the running batch (its prefill next to
