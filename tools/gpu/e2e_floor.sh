@@ -21,7 +21,7 @@
 # --models DIR keeps the checkpoints in DIR/<format> and uses one already there (made with the same
 # --layers and --experts, e.g. in the background while other work runs).
 # usage: tools/gpu/e2e_floor.sh [--layers L] [--experts E] [--tokens N] [--formats "bf16 nvfp4"] [--models DIR]
-#                               [--batches "1 8"] [--lds "off on"]   (batches: 1 and/or 8)
+#                               [--batches "1 8"] [--lds "off on"]   (batches: 1 to 8)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/locus-e2e-floor}"
@@ -56,9 +56,17 @@ if [[ -z "$bw" ]]; then
   [[ -n "$bw" ]] || { echo "no copy bandwidth (see $LOG)"; exit 1; }
 fi
 
-prompts1=(--prompt "Locality domains split a GPU")
-prompts8=("${prompts1[@]}" --prompt "abc" --prompt "DeepSeek" --prompt "x" --prompt "the weights of a layer"
-          --prompt "MLA attention" --prompt "experts" --prompt "one two three four")
+all_prompts=("Locality domains split a GPU" "abc" "DeepSeek" "x" "the weights of a layer" "MLA attention" "experts"
+             "one two three four")
+prompts1=(--prompt "${all_prompts[0]}")
+# set_prompts N: prompts=(--prompt P ...) for the first N of all_prompts (a batch of N sequences).
+set_prompts() {
+  prompts=()
+  for ((i = 0; i < $1; ++i)); do prompts+=(--prompt "${all_prompts[i]}"); done
+}
+for batch in $batches; do
+  ((batch >= 1 && batch <= ${#all_prompts[@]})) || { echo "--batches: $batch is not in 1..${#all_prompts[@]}"; exit 2; }
+done
 {
   echo "Device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) ($BACKEND backend);" \
        "copy bandwidth $bw GB/s; $(date -u '+%Y-%m-%d %H:%M UTC')."
@@ -100,7 +108,7 @@ for fmt in $formats; do
     [[ $fmt == nvfp4 ]] && trace_flags+=("--cuda-graphs")
     for flags in "${trace_flags[@]}"; do
       for batch in $batches; do
-        prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
+        set_prompts "$batch"
         trace="$OUT/trace_${fmt}_b$batch${flags:+_graphs}.md"
         timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
           LOCUS_KERNEL_TRACE_LAST_MS=20 "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
@@ -136,7 +144,7 @@ for fmt in $formats; do
       line=$(grep "^  batch $batch:" <<< "$plan")
       gib=$(sed -E 's/.*: ([0-9.]+) GiB per step.*/\1/' <<< "$line")
       floor=$(sed -E 's/.* ([0-9.]+) tok\/s$/\1/' <<< "$line")
-      prompts=("${prompts1[@]}"); ((batch == 8)) && prompts=("${prompts8[@]}")
+      set_prompts "$batch"
       echo "== generate $fmt LD $label batch $batch" >> "$LOG"
       timeout 300 env $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" "${prompts[@]}" \
         --max-new-tokens "$tokens" --ignore-eos --warmup --quiet "${ld_flags[@]}" $flags > "$OUT/generate.out" 2>&1
