@@ -217,6 +217,39 @@ TEST(CudaDecodeGraphs, AStepThatReadsBackIsDeclinedWithTheReason) {
   check_graphs_follow_eager(false, 2);
 }
 
+TEST(CudaDecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
+  LOCUS_REQUIRE_GPU();
+  // lm_head (BF16) and layer 0's o_proj reloaded in place after the graph was recorded: the next
+  // replay (no new record) gives the new weights' logits, far from the old ones.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto gpu = load_model(tiny_model_dir(true), 0, "cuda");
+  auto& m = *gpu.model;
+  const int64_t V = gpu.config.vocab_size, D = gpu.config.hidden_size;
+  auto a = m.new_cache(64), b = m.new_cache(64);
+  const auto prompt = random_ids(5, V, seed);
+  m.forward({{prompt, &a}});
+  m.forward({{prompt, &b}});
+  runtime::DecodeGraphs graphs(m);
+  for (int step = 0; step < 2; ++step) {
+    const int32_t id = random_ids(1, V, seed + 10 + static_cast<uint64_t>(step))[0];
+    m.forward({{{id}, &b}});
+    ASSERT_TRUE(graphs.step({{{id}, &a}}).defined());
+  }
+  const int32_t id = random_ids(1, V, seed + 20)[0];
+  const Tensor o_proj = m.layer(0).self_attn().o_proj().weight();
+  const Tensor old_logits = fetch(m.forward_on_device({{{id}, &b}}));
+  for (auto& layer : b.layers) --layer.length;  // that step again, with the new weights
+  m.reload({{"lm_head.weight", randn({V, D}, DType::kBF16, seed + 21)},
+            {"model.layers.0.self_attn.o_proj.weight", randn(o_proj.shape(), DType::kBF16, seed + 22, 0.05)}});
+  const Tensor want = fetch(m.forward_on_device({{{id}, &b}}));
+  const Tensor got = fetch(graphs.step({{{id}, &a}}));
+  EXPECT_LT(rel_error(got, to_doubles(want)), kBf16ModelTolerance);
+  EXPECT_GT(rel_error(got, to_doubles(old_logits)), 0.5) << "the replay still used the old weights";
+  EXPECT_EQ(graphs.stats().recorded, 1);
+  EXPECT_EQ(graphs.stats().replays, 2);
+}
+
 TEST(CudaDecodeGraphs, ReplaysAreTheEagerTableStepBitwise) {
   LOCUS_REQUIRE_GPU();
   // The same step (tokens, caches) through a replay and eagerly through forward_decode_table.

@@ -146,6 +146,30 @@ TEST(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {
   expect_error([&] { runtime::DecodeGraphs(m, 0); }, {"max_graphs"});
 }
 
+TEST(DecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
+  // Reloads keep every weight's address, so a recorded step stays valid and reads the new values
+  // (tests/cuda/cuda_decode_graphs_test.cpp holds the CUDA graph to it).
+  GraphFixture f;
+  auto& m = *f.lm.model;
+  const int64_t V = f.lm.config.vocab_size, D = f.lm.config.hidden_size;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto [a, a2] = prefilled_twice(m, random_ids(5, V, seed));
+  runtime::DecodeGraphs graphs(m);
+  for (int step = 0; step < 2; ++step) {  // the key's eager step, then its recorded one
+    const int32_t id = random_ids(1, V, seed + 10 + static_cast<uint64_t>(step))[0];
+    m.forward_on_device({{{id}, &a2}});
+    ASSERT_TRUE(graphs.step({{{id}, &a}}).defined());
+  }
+  const int32_t id = random_ids(1, V, seed + 20)[0];
+  m.reload({{"lm_head.weight", randn({V, D}, DType::kBF16, seed + 21)}});
+  const Tensor want = m.forward_on_device({{{id}, &a2}});
+  const Tensor got = graphs.step({{{id}, &a}});
+  EXPECT_TRUE(bitwise_equal(got, want));
+  EXPECT_EQ(graphs.stats().recorded, 1);
+  EXPECT_EQ(graphs.stats().replays, 2);
+}
+
 TEST(DecodeGraphs, StepsWithSeveralTokensAreLeftToTheCallerUntouched) {
   GraphFixture f;
   auto& m = *f.lm.model;
