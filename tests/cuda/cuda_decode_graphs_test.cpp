@@ -217,19 +217,29 @@ TEST(CudaDecodeGraphs, AStepThatReadsBackIsDeclinedWithTheReason) {
   check_graphs_follow_eager(false, 2);
 }
 
+// The tiny NVFP4 model on the GPU and two caches holding the same prompt: `a` for the graphs, `b`
+// for the eager twin of each step.
+struct TwinCaches {
+  runtime::LoadedModel gpu = load_model(tiny_model_dir(true), 0, "cuda");
+  models::DeepseekV3ForCausalLM& m = *gpu.model;
+  const int64_t V = gpu.config.vocab_size;
+  models::DeepseekV3Cache a = m.new_cache(128), b = m.new_cache(128);
+  TwinCaches(int64_t prompt_length, uint64_t seed) {
+    const auto prompt = random_ids(prompt_length, V, seed);
+    m.forward({{prompt, &a}});
+    m.forward({{prompt, &b}});
+  }
+};
+
 TEST(CudaDecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
   LOCUS_REQUIRE_GPU();
   // lm_head (BF16) and layer 0's o_proj reloaded in place after the graph was recorded: the next
   // replay (no new record) gives the new weights' logits, far from the old ones.
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
-  auto gpu = load_model(tiny_model_dir(true), 0, "cuda");
-  auto& m = *gpu.model;
-  const int64_t V = gpu.config.vocab_size, D = gpu.config.hidden_size;
-  auto a = m.new_cache(64), b = m.new_cache(64);
-  const auto prompt = random_ids(5, V, seed);
-  m.forward({{prompt, &a}});
-  m.forward({{prompt, &b}});
+  TwinCaches twin(5, seed);
+  auto& [gpu, m, V, a, b] = twin;
+  const int64_t D = gpu.config.hidden_size;
   runtime::DecodeGraphs graphs(m);
   for (int step = 0; step < 2; ++step) {
     const int32_t id = random_ids(1, V, seed + 10 + static_cast<uint64_t>(step))[0];
@@ -255,13 +265,8 @@ TEST(CudaDecodeGraphs, ReplaysAreTheEagerTableStepBitwise) {
   // The same step (tokens, caches) through a replay and eagerly through forward_decode_table.
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
-  auto gpu = load_model(tiny_model_dir(true), 0, "cuda");
-  auto& m = *gpu.model;
-  const int64_t V = gpu.config.vocab_size;
-  auto a = m.new_cache(128), b = m.new_cache(128);
-  const auto prompt = random_ids(6, V, seed);
-  m.forward({{prompt, &a}});
-  m.forward({{prompt, &b}});
+  TwinCaches twin(6, seed);
+  auto& [gpu, m, V, a, b] = twin;
   runtime::DecodeGraphs graphs(m);
   for (int step = 0; step < 4; ++step) {
     const int32_t id = random_ids(1, V, seed + 10 + static_cast<uint64_t>(step))[0];

@@ -12,9 +12,13 @@
 namespace locus::testing {
 namespace {
 
-struct GraphFixture {
+class DecodeGraphs : public ::testing::Test {
+ protected:
   runtime::LoadedModel lm = load_model(tiny_model_dir(false), 0);
   runtime::KvCacheManager kv{lm.config, lm.device, {64 << 20, "test"}, 4, 256};
+  models::DeepseekV3ForCausalLM& m = *lm.model;
+  const int64_t V = lm.config.vocab_size;
+  const uint64_t seed = fresh_seed();  // each test traces it
 };
 
 // A cache holding `prompt` (prefilled by the model's eager forward), and a copy of it.
@@ -26,18 +30,14 @@ std::pair<models::DeepseekV3Cache, models::DeepseekV3Cache> prefilled_twice(mode
   return {std::move(a), std::move(b)};
 }
 
-TEST(DecodeGraphs, TableForwardIsTheModelsForward) {
-  GraphFixture f;
-  auto& m = *f.lm.model;
-  const int64_t V = f.lm.config.vocab_size;
-  const uint64_t seed = fresh_seed();
+TEST_F(DecodeGraphs, TableForwardIsTheModelsForward) {
   SCOPED_TRACE(seed);
   auto [a, a2] = prefilled_twice(m, random_ids(3, V, seed));
   auto [b, b2] = prefilled_twice(m, random_ids(9, V, seed + 1));
   const std::vector<int32_t> next = random_ids(2, V, seed + 2);
   const Tensor want = m.forward_on_device({{{next[0]}, &a}, {{next[1]}, &b}});
 
-  const int64_t L = f.lm.config.num_hidden_layers;
+  const int64_t L = lm.config.num_hidden_layers;
   models::DecodeTables t;
   t.ids = Tensor::empty({2}, DType::kI32);
   t.lengths = Tensor::empty({2}, DType::kI32);
@@ -59,13 +59,9 @@ TEST(DecodeGraphs, TableForwardIsTheModelsForward) {
   }
 }
 
-TEST(DecodeGraphs, ReplaysFollowTheTablesAcrossCachesOfOneKey) {
+TEST_F(DecodeGraphs, ReplaysFollowTheTablesAcrossCachesOfOneKey) {
   // Two pairs of sequences with the same lengths share a key and so a graph; they take turns, so
   // each replay must read the other pair's caches, tokens and lengths from the tables.
-  GraphFixture f;
-  auto& m = *f.lm.model;
-  const int64_t V = f.lm.config.vocab_size;
-  const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   auto [p0, q0] = prefilled_twice(m, random_ids(4, V, seed));
   auto [p1, q1] = prefilled_twice(m, random_ids(6, V, seed + 1));
@@ -93,21 +89,18 @@ TEST(DecodeGraphs, ReplaysFollowTheTablesAcrossCachesOfOneKey) {
   EXPECT_EQ(graphs.stats().replays, 5);
 }
 
-TEST(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
+TEST_F(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
   // Sequences of different lengths leave at different steps (batch 3, then 2, then 1) and grow
   // past the first key bound (64 keys); greedy and sampled.
-  GraphFixture f;
-  const int64_t V = f.lm.config.vocab_size;
-  const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   for (const runtime::SamplingParams& sp : {runtime::SamplingParams{}, runtime::SamplingParams{0.8, 20, 0.95, seed}}) {
     const std::vector<runtime::GenerationRequest> reqs = {{random_ids(50, V, seed), 30, sp},
                                                           {random_ids(7, V, seed + 1), 12, sp},
                                                           {random_ids(20, V, seed + 2), 5, sp}};
-    runtime::Generator eager(*f.lm.model, f.kv, {});
+    runtime::Generator eager(m, kv, {});
     const auto want = eager.generate(reqs);
-    runtime::DecodeGraphs graphs(*f.lm.model);
-    runtime::Generator graphed(*f.lm.model, f.kv, {}, &graphs);
+    runtime::DecodeGraphs graphs(m);
+    runtime::Generator graphed(m, kv, {}, &graphs);
     const auto got = graphed.generate(reqs);
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
     const auto& st = graphs.stats();
@@ -115,16 +108,12 @@ TEST(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
     EXPECT_GE(st.recorded, 3);
     EXPECT_GT(st.replays, 15);
     EXPECT_EQ(st.declined, 0);  // the prefill step never reaches it
-    EXPECT_EQ(f.kv.live_sequences(), 0);
+    EXPECT_EQ(kv.live_sequences(), 0);
   }
 }
 
-TEST(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {
+TEST_F(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {
   // One graph kept: batch sizes 2 and 1 take turns, each recording over the other's.
-  GraphFixture f;
-  auto& m = *f.lm.model;
-  const int64_t V = f.lm.config.vocab_size;
-  const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   auto [a, a2] = prefilled_twice(m, random_ids(5, V, seed));
   auto [b, b2] = prefilled_twice(m, random_ids(5, V, seed + 1));
@@ -146,13 +135,10 @@ TEST(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {
   expect_error([&] { runtime::DecodeGraphs(m, 0); }, {"max_graphs"});
 }
 
-TEST(DecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
+TEST_F(DecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
   // Reloads keep every weight's address, so a recorded step stays valid and reads the new values
   // (tests/cuda/cuda_decode_graphs_test.cpp holds the CUDA graph to it).
-  GraphFixture f;
-  auto& m = *f.lm.model;
-  const int64_t V = f.lm.config.vocab_size, D = f.lm.config.hidden_size;
-  const uint64_t seed = fresh_seed();
+  const int64_t D = lm.config.hidden_size;
   SCOPED_TRACE(seed);
   auto [a, a2] = prefilled_twice(m, random_ids(5, V, seed));
   runtime::DecodeGraphs graphs(m);
@@ -170,16 +156,14 @@ TEST(DecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
   EXPECT_EQ(graphs.stats().replays, 2);
 }
 
-TEST(DecodeGraphs, StepsWithSeveralTokensAreLeftToTheCallerUntouched) {
-  GraphFixture f;
-  auto& m = *f.lm.model;
+TEST_F(DecodeGraphs, StepsWithSeveralTokensAreLeftToTheCallerUntouched) {
   auto cache = m.new_cache(32);
   runtime::DecodeGraphs graphs(m);
   EXPECT_FALSE(graphs.step({{{1, 2, 3}, &cache}}).defined());
   EXPECT_EQ(cache.length(), 0);
   EXPECT_EQ(graphs.stats().declined, 1);
   // Bad input is refused before anything runs, as by forward().
-  expect_error([&] { graphs.step({{{static_cast<int32_t>(f.lm.config.vocab_size)}, &cache}}); }, {"outside the vocabulary"});
+  expect_error([&] { graphs.step({{{static_cast<int32_t>(lm.config.vocab_size)}, &cache}}); }, {"outside the vocabulary"});
   EXPECT_EQ(cache.length(), 0);
   EXPECT_EQ(runtime::DecodeGraphs::key_bound(0), 64);
   EXPECT_EQ(runtime::DecodeGraphs::key_bound(63), 64);
