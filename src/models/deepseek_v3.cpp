@@ -165,12 +165,15 @@ Tensor DeepseekV3ForCausalLM::forward(const std::vector<SequenceStep>& batch, bo
   return logits.device().is_cpu() ? logits : logits.to(Device::cpu());
 }
 
+void DeepseekV3ForCausalLM::check_ready(const char* fn) const {
+  const LifecycleState st = state();
+  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized, "DeepseekV3ForCausalLM::", fn,
+              ": the model is ", modules::lifecycle_state_name(st), "; load every tensor and transform() first");
+}
+
 void DeepseekV3ForCausalLM::check_step(const std::vector<SequenceStep>& batch) const {
   LOCUS_CHECK(!batch.empty(), "DeepseekV3ForCausalLM::forward: empty batch");
-  const LifecycleState st = state();
-  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
-              "DeepseekV3ForCausalLM::forward: the model is ", modules::lifecycle_state_name(st),
-              "; load every tensor and transform() first");
+  check_ready("forward");
   for (size_t b = 0; b < batch.size(); ++b) {
     const SequenceStep& s = batch[b];
     LOCUS_CHECK(s.cache != nullptr, "forward: sequence ", b, " has no KV cache");
@@ -261,10 +264,7 @@ Tensor DeepseekV3ForCausalLM::logits_of(const Tensor& rows, const Stream& stream
 }
 
 Tensor DeepseekV3ForCausalLM::forward_decode_table(const DecodeTables& in, const Stream& stream) {
-  const LifecycleState st = state();
-  LOCUS_CHECK(st == LifecycleState::kTransformed || st == LifecycleState::kLocalized,
-              "DeepseekV3ForCausalLM::forward_decode_table: the model is ", modules::lifecycle_state_name(st),
-              "; load every tensor and transform() first");
+  check_ready("forward_decode_table");
   LOCUS_CHECK(in.ids.defined() && in.ids.dim() == 1 && in.ids.size(0) >= 1, "forward_decode_table: ids must be [B], B >= 1");
   const int64_t B = in.ids.size(0), L = cfg_.num_hidden_layers;
   LOCUS_CHECK(in.kv_rows.defined() && in.kv_rows.dim() == 2 && in.kv_rows.size(0) == L && in.kv_rows.size(1) == B,

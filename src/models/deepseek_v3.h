@@ -100,6 +100,8 @@ class DeepseekV3ForCausalLM : public modules::Module {
   // The child owning `name` and the name relative to it; null when none does.
   modules::Module* route(const std::string& name, std::string* rest) const;
   modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;  // unknown name: Error
+  // Error unless the model is transformed (or localized); `fn` names the caller.
+  void check_ready(const char* fn) const;
   // Final norm and lm_head over hidden rows [R, hidden]: fp32 logits [R, vocab].
   Tensor logits_of(const Tensor& rows, const Stream& stream);
 

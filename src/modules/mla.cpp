@@ -293,15 +293,10 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
   const auto& c = cfg_;
   const int64_t H = c.num_heads, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const int64_t dc = c.kv_lora_rank;
-  LOCUS_CHECK(state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized, "MLA '", name(),
-              "': forward() in state ", lifecycle_state_name(state()), " (load every weight and call transform() first)");
-  LOCUS_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size && x.dtype() == DType::kBF16, "MLA '", name(),
-              "': x must be bf16 [T, ", c.hidden_size, "], got ", x.describe());
+  check_forward("forward", x, y);
   const int64_t T = x.size(0);
   LOCUS_CHECK(positions.dim() == 1 && positions.size(0) == T, "MLA '", name(), "': positions must be [", T, "], got ",
               positions.describe());
-  LOCUS_CHECK(y.dim() == 2 && y.size(0) == T && y.size(1) == c.hidden_size, "MLA '", name(), "': y must be [", T,
-              ", ", c.hidden_size, "], got ", y.describe());
   int64_t total = 0, max_new = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const MlaSequence& s = seqs[i];
@@ -394,17 +389,12 @@ void MLA::forward(const Tensor& x, const Tensor& positions, const std::vector<Ml
 void MLA::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& y, const Stream& stream) {
   const auto& c = cfg_;
   const int64_t H = c.num_heads, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dc = c.kv_lora_rank;
-  LOCUS_CHECK(state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized, "MLA '", name(),
-              "': forward_table() in state ", lifecycle_state_name(state()), " (load every weight and call transform() first)");
-  LOCUS_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size && x.dtype() == DType::kBF16, "MLA '", name(),
-              "': x must be bf16 [B, ", c.hidden_size, "], got ", x.describe());
+  check_forward("forward_table", x, y);
   const int64_t B = x.size(0);
   LOCUS_CHECK(table.rows.defined() && table.rows.dim() == 1 && table.rows.size(0) == B, "MLA '", name(),
               "': the KV table must have one row per sequence (", B, ")");
   LOCUS_CHECK(table.width == dc + dr, "MLA '", name(), "': the KV table's caches have rows of ", table.width,
               " values but this layer needs ", dc, " + ", dr);
-  LOCUS_CHECK(y.dim() == 2 && y.size(0) == B && y.size(1) == c.hidden_size, "MLA '", name(), "': y must be [", B, ", ",
-              c.hidden_size, "], got ", y.describe());
   if (B == 0) return;
   // The new token of sequence b sits at position lengths[b].
   std::optional<HostProfileScope> profile(std::in_place, "mla.q");
@@ -422,6 +412,17 @@ void MLA::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor
   });
   profile.emplace("mla.o_proj");
   o_proj_->forward(o_v.view({B, H * dv}), y, stream);
+}
+
+void MLA::check_forward(const char* fn, const Tensor& x, const Tensor& y) const {
+  const int64_t hidden = cfg_.hidden_size;
+  LOCUS_CHECK(state_ == LifecycleState::kTransformed || state_ == LifecycleState::kLocalized, "MLA '", name(), "': ", fn,
+              "() in state ", lifecycle_state_name(state()), " (load every weight and call transform() first)");
+  LOCUS_CHECK(x.dim() == 2 && x.size(1) == hidden && x.dtype() == DType::kBF16, "MLA '", name(), "': x must be bf16 [T, ",
+              hidden, "], got ", x.describe());
+  const int64_t T = x.size(0);
+  LOCUS_CHECK(y.dim() == 2 && y.size(0) == T && y.size(1) == hidden, "MLA '", name(), "': y must be [", T, ", ", hidden,
+              "], got ", y.describe());
 }
 
 Tensor MLA::queries(const Tensor& x, const Tensor& positions, const Stream& stream) const {

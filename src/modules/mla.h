@@ -127,6 +127,8 @@ class MLA : public Module {
   void check_plan_strict(const locality::Plan& plan, const char* what) const;
   // Writes W_UK / W_UV of a kv_b_proj weight [H*(dn+dv), dc] into k_b_ / v_b_ (full or shards).
   void write_absorbed(const Tensor& kv_b_weight);
+  // forward()'s and forward_table()'s shared checks: transformed, x bf16 [T, hidden], y [T, hidden].
+  void check_forward(const char* fn, const Tensor& x, const Tensor& y) const;
   // q_proj (or q_a -> norm -> q_b) and RoPE on the rope part: q [T, H, dn + dr].
   Tensor queries(const Tensor& x, const Tensor& positions, const Stream& stream) const;
   // dst [T, dc + dr] = [kv_a_layernorm(c_kv) | rope(k_pe)] of kv_a_proj's output rows.

@@ -386,7 +386,8 @@ std::atomic<int> g_indexed{-1};
 int moe_indexed_mode() {
   int v = g_indexed.load();
   if (v < 0) {
-    const std::string env = std::getenv("LOCUS_MOE_INDEXED") ? std::getenv("LOCUS_MOE_INDEXED") : "";
+    const char* set = std::getenv("LOCUS_MOE_INDEXED");
+    const std::string env = set ? set : "";
     v = env == "0" ? 0 : env == "all" ? 2 : 1;
     g_indexed.store(v);
   }

@@ -218,7 +218,7 @@ TEST(MoeTest, Nvfp4ExpertsMatchReferenceAndLocalityIsBitwise) {
   }
 }
 
-// Decode with at most one (token, choice) pair in 4 experts takes NVFP4 experts by id
+// Decode with at most one (token, choice) pair in 2 experts takes NVFP4 experts by id
 // (ops::nvfp4_gemm_indexed; no offsets, no grouping), unpartitioned or per partition on its
 // shards: the host profile shows no grouping region, and the output is bitwise what grouping the
 // pairs by expert gives, and LD off's, and matches the reference. With more tokens the pairs are

@@ -51,12 +51,6 @@ detail::AttnSplit plan_splits(const detail::MlaAttentionArgs& a, int64_t keys, c
   return sp;
 }
 
-void set_device(const Tensor& t) {
-  const int device = t.device().index;
-  int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != device) LOCUS_CUDA_CHECK(cudaSetDevice(device));
-}
-
 // The kernel arguments of one mla_attention call (sizes checked against int range).
 detail::MlaAttentionArgs make_args(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b,
                                    const Tensor& v, const Tensor& out, float scale, int64_t q_start) {
@@ -143,7 +137,7 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
   const char* op = "cuda::mla_attention";
   LOCUS_CHECK(q_a.device().is_cuda(), op, ": q_a must be on a CUDA device, got ", q_a.describe());
   if (q_a.size(0) == 0 || q_a.size(1) == 0 || v.size(2) == 0) return;
-  set_device(q_a);
+  use_device(q_a.device().index);
   const int device = q_a.device().index;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::MlaAttentionArgs a = make_args(q_a, q_b, k_a, k_b, v, out, scale, q_start);
@@ -167,7 +161,7 @@ void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector
   };
   int64_t k_b_delta = 0, v_delta = 0;
   if (B == 1 || q_a.size(1) == 0 || !same_key_layout(keys, &k_b_delta, &v_delta)) return one_by_one(0);
-  set_device(q_a);
+  use_device(q_a.device().index);
   const int device = q_a.device().index;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (int64_t first = 0; first < B; first += detail::kAttnMaxSeqs) {
@@ -203,7 +197,7 @@ void mla_attention_table(const Tensor& q_a, const Tensor& q_b, const ops::KvTabl
   LOCUS_CHECK(table.max_keys < std::numeric_limits<int32_t>::max(), op, ": ", table.max_keys,
               " keys are beyond the kernel's range");
   const int64_t B = q_a.size(0), Da = q_a.size(2);
-  set_device(q_a);
+  use_device(q_a.device().index);
   const int device = q_a.device().index;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   for (int64_t first = 0; first < B; first += detail::kAttnMaxSeqs) {

@@ -44,7 +44,6 @@
 
 namespace locus::cuda {
 
-
 namespace {
 
 cudaMemcpyKind kind_of(Device dst, Device src) {
@@ -105,7 +104,7 @@ class CudaHooks final : public DeviceHooks {
     }
     void* p = cache_.allocate(bytes, device_index, domain);
     if (capturing) detail::note_capture_allocation(p, BlockCache::size_class(bytes), device_index, domain);
-    if (poison_ && bytes && !detail::capture_in_progress()) {
+    if (poison_ && bytes && !capturing) {
       try {
         fill_bytes(p, device_index, 0xFF, bytes);
       } catch (...) {

@@ -10,9 +10,7 @@
 namespace locus::cuda {
 
 Tensor pinned_host_empty(const Shape& shape, DType dtype) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  const size_t bytes = static_cast<size_t>(n) * dtype_size(dtype);
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   void* p = nullptr;
   LOCUS_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 16));
   std::shared_ptr<void> owner(p, [](void* q) {
