@@ -4,10 +4,12 @@
 // device time went (kernel_trace_summary.h): per kernel name its calls and time, the time the
 // device was busy and the idle gaps. LOCUS_KERNEL_TRACE_LAST_MS=N keeps only the activities that
 // start in the last N ms (e.g. the timed decode of `locus generate --warmup`, after its warm-up
-// and prefill). Without LOCUS_KERNEL_TRACE the library does nothing.
+// and prefill); LOCUS_KERNEL_TRACE_SEQUENCE=N also lists the last N activities one by one (a
+// decode step launch by launch). Without LOCUS_KERNEL_TRACE the library does nothing.
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -70,7 +72,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(rec);
-        g_acts->push_back({kernel_name(k->name), k->start, k->end});
+        g_acts->push_back({kernel_name(k->name), k->start, k->end,
+                           static_cast<int64_t>(k->gridX) * k->gridY * k->gridZ});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -94,6 +97,11 @@ double last_ms() {
   return v ? std::atof(v) : 0.0;
 }
 
+size_t sequence_length() {
+  const char* v = std::getenv("LOCUS_KERNEL_TRACE_SEQUENCE");
+  return v ? static_cast<size_t>(std::max(0L, std::atol(v))) : 0;
+}
+
 void write_summary() {
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
   std::vector<TraceActivity> acts;
@@ -107,7 +115,8 @@ void write_summary() {
     std::fprintf(stderr, "kernel trace: cannot write %s\n", path.c_str());
     return;
   }
-  locus::bench::print_trace_summary(out, locus::bench::summarize_trace(std::move(acts), last_ms()), last_ms());
+  locus::bench::print_trace_summary(out, locus::bench::summarize_trace(acts, last_ms()), last_ms());
+  if (const size_t n = sequence_length(); n > 0) locus::bench::print_trace_sequence(out, std::move(acts), n);
   if (out != stderr) std::fclose(out);
 }
 

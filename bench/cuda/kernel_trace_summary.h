@@ -16,6 +16,7 @@ namespace locus::bench {
 struct TraceActivity {
   std::string name;  // shortened kernel name, or "[memcpy HtoD]" and the like
   uint64_t start_ns = 0, end_ns = 0;
+  int64_t blocks = 0;  // kernels: CTAs in the grid (0 for copies and memsets)
 };
 
 struct TraceRow {
@@ -119,6 +120,29 @@ inline void print_trace_summary(FILE* out, const TraceSummary& s, double last_ms
     std::fprintf(out, "| %s | %lld | %.1f | %.2f | %.1f%% |\n", r.name.c_str(), static_cast<long long>(r.count),
                  r.total_us, r.total_us / static_cast<double>(r.count),
                  s.busy_us > 0 ? 100.0 * r.total_us / s.busy_us : 0.0);
+  }
+}
+
+// The last `n` activities in start order, one row each: its CTAs, start (from the first listed),
+// duration and the idle time since the device last finished something. For reading one decode
+// step launch by launch (LOCUS_KERNEL_TRACE_SEQUENCE=N).
+inline void print_trace_sequence(FILE* out, std::vector<TraceActivity> acts, size_t n) {
+  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
+    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
+  });
+  const size_t from = acts.size() > n ? acts.size() - n : 0;
+  std::fprintf(out, "\nlast %zu activities in start order:\n\n", acts.size() - from);
+  std::fprintf(out, "| # | activity | CTAs | start us | us | idle before us |\n|---|---|---|---|---|---|\n");
+  if (acts.empty()) return;
+  uint64_t covered_to = from > 0 ? 0 : acts[0].start_ns;  // the latest end among those before row i
+  for (size_t i = 0; i < from; ++i) covered_to = std::max(covered_to, acts[i].end_ns);
+  for (size_t i = from; i < acts.size(); ++i) {
+    const TraceActivity& a = acts[i];
+    const double idle = a.start_ns > covered_to ? static_cast<double>(a.start_ns - covered_to) / 1e3 : 0.0;
+    std::fprintf(out, "| %zu | %s | %lld | %.1f | %.2f | %.2f |\n", i - from, a.name.c_str(),
+                 static_cast<long long>(a.blocks), static_cast<double>(a.start_ns - acts[from].start_ns) / 1e3,
+                 static_cast<double>(a.end_ns - a.start_ns) / 1e3, idle);
+    covered_to = std::max(covered_to, a.end_ns);
   }
 }
 

@@ -70,5 +70,29 @@ TEST(KernelTraceSummary, PrintsAHeaderAndOneRowPerName) {
   EXPECT_NE(text.find("| a | 2 | 11.0 | 5.50 | 100.0% |"), std::string::npos) << text;
 }
 
+TEST(KernelTraceSummary, TheSequenceListsTheLastActivitiesInOrder) {
+  // a [0, 10) us; b [12, 20) with 24 CTAs; c [15, 18) inside b; d [25, 26): idle 2, 0 and 5 us before them.
+  const std::vector<TraceActivity> acts = {
+      {"d", 25000, 26000, 4}, {"a", 0, 10000, 1}, {"c", 15000, 18000, 2}, {"b", 12000, 20000, 24}};
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* out = open_memstream(&buf, &len);
+  ASSERT_NE(out, nullptr);
+  print_trace_sequence(out, acts, 3);
+  std::fclose(out);
+  const std::string text(buf, len);
+  std::free(buf);
+  EXPECT_NE(text.find("last 3 activities in start order"), std::string::npos) << text;
+  EXPECT_EQ(text.find("| a |"), std::string::npos) << text;  // before the last 3
+  const size_t b = text.find("| 0 | b | 24 | 0.0 | 8.00 | 2.00 |");
+  const size_t c = text.find("| 1 | c | 2 | 3.0 | 3.00 | 0.00 |");
+  const size_t d = text.find("| 2 | d | 4 | 13.0 | 1.00 | 5.00 |");
+  ASSERT_NE(b, std::string::npos) << text;
+  ASSERT_NE(c, std::string::npos) << text;
+  ASSERT_NE(d, std::string::npos) << text;
+  EXPECT_LT(b, c);
+  EXPECT_LT(c, d);
+}
+
 }  // namespace
 }  // namespace locus::bench
