@@ -130,6 +130,25 @@ TEST(CudaHostUpload, AGraphCopiesTheStagingAsItIsAtEachReplay) {
   cuda::destroy_stream(stream);
 }
 
+// Staging is copied by a kernel through its mapped address, in the widest unit that the addresses
+// and the size allow; ordinary host memory goes through cudaMemcpyAsync. Every byte lands either way.
+TEST(CudaHostUpload, EverySizeAlignmentAndSourceKindLands) {
+  LOCUS_REQUIRE_GPU();
+  Tensor staging = ops::host_staging({4099}, DType::kU8, kDev);
+  Tensor pageable = Tensor::empty({4099}, DType::kU8);
+  for (int i = 0; i < 4099; ++i) staging.data<uint8_t>()[i] = pageable.data<uint8_t>()[i] = static_cast<uint8_t>((i * 7 + 3) % 255);  // never the poison byte 0xFF
+  for (const Tensor* src : {&staging, &pageable})
+    for (int64_t offset : {0, 1, 4, 8, 16})
+      for (int64_t n : {1, 3, 16, 100, 4080}) {
+        Tensor from = src->slice(0, offset, offset + n);
+        Tensor dst = poisoned_gpu({n}, DType::kU8);
+        ops::upload(from, dst, Stream{kDev, nullptr});
+        ops::synchronize(kDev);
+        EXPECT_TRUE(bitwise_equal(fetch(dst), from)) << (src == &staging ? "staging" : "pageable") << " offset "
+                                                     << offset << " bytes " << n;
+      }
+}
+
 TEST(CudaGraphMemory, ScratchFreedDuringACaptureServesItThenStaysWithTheGraph) {
   LOCUS_REQUIRE_GPU();
   void* stream = cuda::create_capture_stream(0);

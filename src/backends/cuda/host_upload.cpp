@@ -23,6 +23,13 @@ void upload(const Tensor& src, const Tensor& dst, void* stream) {
   LOCUS_CHECK(dst.device().is_cuda(), "cuda::upload: the destination must be on a CUDA device, got ", dst.describe());
   if (src.nbytes() == 0) return;
   use_device(dst.device().index);
+  // Page-locked staging is mapped into the device's address space (unified addressing): a kernel
+  // copies it. Other host memory goes through the copy engine.
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src.data_ptr()) == cudaSuccess && attr.type == cudaMemoryTypeHost &&
+      attr.devicePointer != nullptr)
+    return copy_from_mapped_host(attr.devicePointer, dst.data_ptr(), src.nbytes(), stream);
+  cudaGetLastError();  // a failed attribute query leaves nothing behind
   LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyHostToDevice,
                                    static_cast<cudaStream_t>(stream)));
 }

@@ -1,13 +1,19 @@
 // The CUDA side of ops/host_upload.h. No CUDA header here.
 #pragma once
+#include <cstddef>
+
 #include "core/tensor.h"
 
 namespace locus::cuda {
 
 // A CPU tensor in page-locked memory (cudaMallocHost), freed with its last reference.
 Tensor pinned_host_empty(const Shape& shape, DType dtype);
-// cudaMemcpyAsync host -> device on `stream` (capturable when src is page-locked).
+// Host -> device on `stream`, capturable when src is page-locked: then a kernel reads src through
+// its mapped address (copy_from_mapped_host); else cudaMemcpyAsync.
 void upload(const Tensor& src, const Tensor& dst, void* stream);
+// Copies `bytes` from page-locked host memory, given by its device-side address, to device memory
+// dst, in a kernel on `stream` (host_upload_kernel.cu).
+void copy_from_mapped_host(const void* src_device_view, void* dst, size_t bytes, void* stream);
 void stream_synchronize(int device_index, void* stream);
 
 }  // namespace locus::cuda
