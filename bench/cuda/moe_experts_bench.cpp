@@ -11,6 +11,9 @@
 //            tokens chose is streamed twice);
 //   one      one expert on the T token rows (the shared expert's stage): what a stage costs
 //            beyond its bytes;
+//   by id + shared  by id with a shared expert riding in the same launches (a second product of
+//            ops::nvfp4_gemm_indexed with ids of zeros), as MoE decode of one token runs it: to
+//            set against "by id" + "one";
 //   floor    the active experts' weight bytes at the measured device copy bandwidth.
 // usage: cuda_moe_experts_bench [--tokens T1,T2,..] [--experts E]
 #include <cuda_runtime_api.h>
@@ -117,12 +120,18 @@ int main(int argc, char** argv) {
     dn_ptrs.push_back(&down[static_cast<size_t>(e)]);
   }
   const ops::Nvfp4WeightSet gu_set(gu_ptrs), dn_set(dn_ptrs);
+  // The shared expert of "by id + shared": one more expert's weights, its own set of one.
+  const ops::Nvfp4Weight shared_gu = cuda::nvfp4_prepare(random_fp4_host(2 * kInter, kHidden, rng), 0, -1);
+  const ops::Nvfp4Weight shared_dn = cuda::nvfp4_prepare(random_fp4_host(kHidden, kInter, rng), 0, -1);
+  const ops::Nvfp4WeightSet shared_gu_set({&shared_gu}), shared_dn_set({&shared_dn});
   std::printf("| tokens | active experts (mean) | launches each / shared | each us | shared us | by id us | one us | "
-              "floor us | shared / floor | by id / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+              "by id + shared us | floor us | shared / floor | by id / floor |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int64_t tokens : token_counts) {
     const int64_t rows = tokens * kTopK;
-    Tensor x = Tensor::empty({rows, kHidden}, DType::kBF16, dev), h = Tensor::empty({rows, kInter}, DType::kBF16, dev);
-    Tensor y = Tensor::empty({rows, kHidden}, DType::kFP32, dev);
+    Tensor x = Tensor::empty({rows, kHidden}, DType::kBF16, dev);
+    Tensor h = Tensor::empty({rows + tokens, kInter}, DType::kBF16, dev);  // + the shared expert's rows
+    Tensor y = Tensor::empty({rows + tokens, kHidden}, DType::kFP32, dev);
+    const Tensor zeros = Tensor::zeros({tokens, 1}, DType::kI32).to(dev);
     fill_random_bf16(x, rng);
     std::vector<Routing> calls;
     std::vector<Tensor> ids;  // i32 [tokens, 8] per call, on the device
@@ -135,8 +144,16 @@ int main(int argc, char** argv) {
     }
     auto by_id = [&](int c) {
       const Tensor& id = ids[static_cast<size_t>(c)];
-      ops::nvfp4_gemm_indexed(x.slice(0, 0, tokens), id, gu_set, h, true, Stream{dev, s});
-      ops::nvfp4_gemm_indexed(h, id.view({rows, 1}), dn_set, y, false, Stream{dev, s});
+      ops::nvfp4_gemm_indexed(x.slice(0, 0, tokens), id, gu_set, h.slice(0, 0, rows), true, Stream{dev, s});
+      ops::nvfp4_gemm_indexed(h.slice(0, 0, rows), id.view({rows, 1}), dn_set, y.slice(0, 0, rows), false, Stream{dev, s});
+    };
+    auto by_id_shared = [&](int c) {
+      const Tensor& id = ids[static_cast<size_t>(c)];
+      const Tensor xt = x.slice(0, 0, tokens), hr = h.slice(0, 0, rows), hs = h.slice(0, rows, rows + tokens);
+      ops::nvfp4_gemm_indexed({{xt, id, &gu_set, hr}, {xt, zeros, &shared_gu_set, hs}}, true, Stream{dev, s});
+      ops::nvfp4_gemm_indexed({{hr, id.view({rows, 1}), &dn_set, y.slice(0, 0, rows)},
+                               {hs, zeros, &shared_dn_set, y.slice(0, rows, rows + tokens)}},
+                              false, Stream{dev, s});
     };
     auto one = [&](int c) {  // expert c (distinct per call, so its weights are not in the L2)
       const std::vector<ops::Nvfp4RowBlock> gu{{&gate_up[static_cast<size_t>(c)], 0, tokens}};
@@ -152,7 +169,7 @@ int main(int argc, char** argv) {
       return cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);
     };
     uint64_t launches[2];
-    double t[2], t_id = 0, t_one = 0;
+    double t[2], t_id = 0, t_one = 0, t_id_shared = 0;
     InterleavedTimer timer(s);
     for (const int shared : {0, 1}) {
       cuda::set_nvfp4_row_block_launches(shared == 1);
@@ -163,12 +180,13 @@ int main(int argc, char** argv) {
     }
     timer.add(&t_id, kCalls, by_id);
     timer.add(&t_one, kCalls, one);
+    timer.add(&t_id_shared, kCalls, by_id_shared);
     timer.run(20);
     const double floor = bytes / bw;
-    std::printf("| %lld | %.1f | %llu / %llu | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n",
+    std::printf("| %lld | %.1f | %llu / %llu | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f |\n",
                 static_cast<long long>(tokens), active, static_cast<unsigned long long>(launches[0]),
                 static_cast<unsigned long long>(launches[1]), t[0] * 1e6, t[1] * 1e6, t_id * 1e6, t_one * 1e6,
-                floor * 1e6, t[1] / floor, t_id / floor);
+                t_id_shared * 1e6, floor * 1e6, t[1] / floor, t_id / floor);
   }
   cuda::set_nvfp4_row_block_launches(true);
   std::printf("\n(launches: of call 0's stage, streaming kernel only; each = one per expert and projection)\n");

@@ -360,7 +360,7 @@ void MoE::forward(const Tensor& x, const Tensor& y, const Stream& stream) const 
   Tensor shared;
   if (shared_) {
     profile.emplace("moe.shared");
-    shared = Tensor::empty({T, H}, DType::kBF16, dev);
+    shared = Tensor::empty({T, H}, DType::kFP32, dev);  // fp32, as when it rides in the by-id launches
     shared_->forward(x, shared, stream);
   }
   profile.emplace("moe.offsets_wait");  // waits for the device: the copy queued after the group
@@ -408,7 +408,11 @@ const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
   const int P = experts_partitioned() ? experts_plan_.layout.num_partitions() : 1;
   auto partition = [&](int i) { return experts_partitioned() ? i : -1; };
   // The cached sets hold while every expert's units are where they were (no per-call copies).
-  bool same = indexed_ && static_cast<int>(indexed_->parts.size()) == P;
+  const ops::Nvfp4Weight *shared_gu = nullptr, *shared_dn = nullptr;
+  const bool with_shared = shared_in_launch(&shared_gu, &shared_dn);
+  bool same = indexed_ && static_cast<int>(indexed_->parts.size()) == P && (indexed_->shared != nullptr) == with_shared &&
+              (!with_shared || (indexed_->shared->gate_up.weights()[0] == shared_gu &&
+                                indexed_->shared->down.weights()[0] == shared_dn));
   for (int i = 0; i < P && same; ++i) {
     const IndexedPart& part = *indexed_->parts[static_cast<size_t>(i)];
     for (int64_t e = 0; e < cfg_.num_experts && same; ++e)
@@ -436,8 +440,26 @@ const MoE::IndexedExperts* MoE::indexed_experts(int64_t tokens) const {
     }
     ix->parts.push_back(std::move(part));
   }
+  if (with_shared)
+    ix->shared = std::make_unique<IndexedPart>(std::vector<const ops::Nvfp4Weight*>{shared_gu},
+                                               std::vector<const ops::Nvfp4Weight*>{shared_dn});
   indexed_ = std::move(ix);
   return indexed_.get();
+}
+
+bool MoE::shared_in_launch(const ops::Nvfp4Weight** gate_up, const ops::Nvfp4Weight** down) const {
+  if (!shared_ || experts_partitioned() || !shared_->uses_fused_swiglu()) return false;
+  const ops::Nvfp4Weight* gu = shared_->gate_up_proj().nvfp4_unit(-1);
+  const ops::Nvfp4Weight* dn = shared_->down_proj().nvfp4_unit(-1);
+  const ops::Nvfp4Weight* routed_gu = gate_up_[0]->nvfp4_unit(-1);
+  const ops::Nvfp4Weight* routed_dn = down_[0]->nvfp4_unit(-1);
+  if (!gu || !dn || !routed_gu || !routed_dn) return false;
+  if (gu->n != routed_gu->n || gu->k != routed_gu->k || gu->layout != routed_gu->layout || dn->n != routed_dn->n ||
+      dn->k != routed_dn->k || dn->layout != routed_dn->layout)
+    return false;
+  *gate_up = gu;
+  *down = dn;
+  return true;
 }
 
 const Tensor& MoE::pair_order_slots(int64_t tokens) const {
@@ -449,20 +471,42 @@ const Tensor& MoE::pair_order_slots(int64_t tokens) const {
   return pair_order_slots_.emplace(tokens, slots).first->second;
 }
 
+const Tensor& MoE::zero_ids(int64_t tokens) const {
+  auto it = zero_ids_.find(tokens);
+  if (it != zero_ids_.end()) return it->second;
+  Tensor ids = Tensor::empty({tokens, 1}, DType::kI32);
+  std::fill_n(ids.data<int32_t>(), tokens, 0);
+  if (!device().is_cpu()) ids = ids.to(device());
+  return zero_ids_.emplace(tokens, ids).first->second;
+}
+
+// The shared expert rides in the routed experts' by-id launches for decode steps of up to this many
+// tokens: it then costs one more weight of the launch (streamed once per token) instead of a launch
+// pair of its own, which takes about twice its weight's time (H100, docs/benchmarks.md, twentieth
+// session). From 2 tokens on, the two cost about the same.
+constexpr int64_t kSharedInLaunchMaxTokens = 1;
+
 void MoE::forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tensor& w, const Tensor& ids,
                           const Tensor& y, const Stream& stream) const {
   const int64_t T = x.size(0), K = cfg_.top_k, R = T * K, H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const Device dev = x.device();
+  const bool shared_here = ix.shared && T <= kSharedInLaunchMaxTokens;
+  const int64_t S = shared_here ? T : 0;  // the shared expert's rows, after the routed pairs'
   std::optional<HostProfileScope> profile(std::in_place, "moe.experts");
   // Pair i = t * K + j: token t's j-th expert, on token t's row; its outputs in row i.
-  Tensor h = Tensor::empty({R, I}, DType::kBF16, dev);
-  Tensor o = Tensor::empty({R, H}, DType::kFP32, dev);
+  Tensor h = Tensor::empty({R + S, I}, DType::kBF16, dev);
+  Tensor o = Tensor::empty({R + S, H}, DType::kFP32, dev);
   const Tensor pair_ids = ids.view({R, 1});
   auto gate_up = [&](const IndexedPart& part, const Stream& s) {
-    ops::nvfp4_gemm_indexed(x, ids, part.gate_up, h.slice(1, part.h0, part.h1), /*swiglu=*/true, s);
+    std::vector<ops::Nvfp4IndexedProduct> products{{x, ids, &part.gate_up, h.slice(0, 0, R).slice(1, part.h0, part.h1)}};
+    if (shared_here) products.push_back({x, zero_ids(T), &ix.shared->gate_up, h.slice(0, R, R + S)});
+    ops::nvfp4_gemm_indexed(products, /*swiglu=*/true, s);
   };
   auto down = [&](const IndexedPart& part, const Stream& s) {
-    ops::nvfp4_gemm_indexed(h, pair_ids, part.down, o.slice(1, part.o0, part.o1), /*swiglu=*/false, s);
+    std::vector<ops::Nvfp4IndexedProduct> products{
+        {h.slice(0, 0, R), pair_ids, &part.down, o.slice(0, 0, R).slice(1, part.o0, part.o1)}};
+    if (shared_here) products.push_back({h.slice(0, R, R + S), zero_ids(T), &ix.shared->down, o.slice(0, R, R + S)});
+    ops::nvfp4_gemm_indexed(products, /*swiglu=*/false, s);
   };
   if (experts_partitioned()) {
     // One fork/join per stage, as in run_experts: the down projections read every partition's h.
@@ -474,13 +518,15 @@ void MoE::forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tenso
     down(*ix.parts[0], stream);
   }
   Tensor shared;
-  if (shared_) {
+  if (shared_here) {
+    shared = o.slice(0, R, R + S);
+  } else if (shared_) {
     profile.emplace("moe.shared");
-    shared = Tensor::empty({T, H}, DType::kBF16, dev);
+    shared = Tensor::empty({T, H}, DType::kFP32, dev);
     shared_->forward(x, shared, stream);
   }
   profile.emplace("moe.combine");
-  ops::moe_combine(o, pair_order_slots(T), w, shared, y, stream);
+  ops::moe_combine(o.slice(0, 0, R), pair_order_slots(T), w, shared, y, stream);
 }
 
 void MoE::run_experts(const Tensor& xg, const std::vector<int64_t>& offsets, const Tensor& hg, const Tensor& og,

@@ -140,7 +140,13 @@ class MoE : public Module {
   };
   struct IndexedExperts {
     std::vector<std::unique_ptr<IndexedPart>> parts;  // one per partition, or one (unpartitioned)
+    // The shared expert as a set of one weight (shared_in_launch), or null.
+    std::unique_ptr<IndexedPart> shared;
   };
+  // The shared expert's NVFP4 units where it can ride in the routed experts' by-id launches
+  // (a second product whose ids are a column of zeros): one expert of the routed experts' shapes,
+  // a fused gate/up unit, unpartitioned, with the routed experts unpartitioned too. False otherwise.
+  bool shared_in_launch(const ops::Nvfp4Weight** gate_up, const ops::Nvfp4Weight** down) const;
   const IndexedExperts* indexed_experts(int64_t tokens) const;
   // y from the routing (w, ids) through indexed_experts(T) and the shared experts.
   void forward_indexed(const IndexedExperts& ix, const Tensor& x, const Tensor& w, const Tensor& ids, const Tensor& y,
@@ -148,6 +154,9 @@ class MoE : public Module {
   // The slot map of pairs in (token, choice) order (slot[t, j] = t * k + j) for T tokens, on
   // the experts' device; made once per T.
   const Tensor& pair_order_slots(int64_t tokens) const;
+  // i32 [T, 1] zeros on the experts' device (the shared expert's ids in the routed launches); made
+  // once per T.
+  const Tensor& zero_ids(int64_t tokens) const;
 
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;
@@ -158,6 +167,7 @@ class MoE : public Module {
   bool localized_ = false;
   mutable std::unique_ptr<IndexedExperts> indexed_;      // rebuilt when the expert weights move
   mutable std::map<int64_t, Tensor> pair_order_slots_;  // by token count
+  mutable std::map<int64_t, Tensor> zero_ids_;          // by token count
 };
 
 // Whether MoE decode may take NVFP4 experts by id on the device (MoE's indexed_experts):

@@ -1,5 +1,7 @@
 #include "ops/nvfp4_indexed.h"
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "core/tensor_checks.h"
 
@@ -41,9 +43,13 @@ Tensor Nvfp4WeightSet::device_table() const {
 #endif
 }
 
-void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const Nvfp4WeightSet& set, const Tensor& y, bool swiglu,
-                        const Stream& stream) {
+namespace {
+
+// The operand checks of one product (nvfp4_gemm_indexed's contract); false when it is empty.
+bool check_product(const Nvfp4IndexedProduct& pr, bool swiglu) {
   const char* op = "nvfp4_gemm_indexed";
+  const Tensor &x = pr.x, &ids = pr.ids, &y = pr.y;
+  LOCUS_CHECK(pr.set != nullptr, op, ": a product has no weight set");
   checks::rank(op, "x", x, 2);
   checks::rank(op, "ids", ids, 2);
   checks::rank(op, "y", y, 2);
@@ -51,7 +57,7 @@ void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const Nvfp4WeightSet
   checks::dtype(op, "ids", ids, {DType::kI32});
   checks::dtype(op, "y", y, {DType::kBF16, DType::kFP32});
   const int64_t T = x.size(0), k = ids.size(1);
-  const Nvfp4Weight& w0 = *set.weights()[0];
+  const Nvfp4Weight& w0 = *pr.set->weights()[0];
   const int64_t N = swiglu ? w0.n / 2 : w0.n;
   LOCUS_CHECK(!swiglu || w0.n % 2 == 0, op, ": a fused gate/up weight needs an even row count, got ", w0.n);
   checks::size(op, "ids", ids, 0, T, "rows (tokens)");
@@ -65,24 +71,55 @@ void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const Nvfp4WeightSet
   LOCUS_CHECK(ids.stride(1) == 1 && ids.stride(0) == k, op, ": ids must be contiguous, got strides ",
               shape_to_string(ids.strides()));
   checks::no_overlap(op, "y", y, "x", x);
-  if (T == 0 || k == 0) return;
-  if (x.device().is_cpu()) {
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        const int32_t e = ids.data<int32_t>()[t * k + j];
-        LOCUS_CHECK(e >= 0 && e < set.size(), op, ": id ", e, " of token ", t, " choice ", j, " is outside [0, ",
-                    set.size(), ")");
-        const Nvfp4Weight& w = *set.weights()[static_cast<size_t>(e)];
-        const Tensor xs = x.slice(0, t, t + 1), ys = y.slice(0, t * k + j, t * k + j + 1);
-        swiglu ? nvfp4_gemm_swiglu(xs, w, ys, stream) : nvfp4_gemm(xs, w, Tensor(), ys, stream);
-      }
+  return T > 0 && k > 0;
+}
+
+// One product on the CPU: the calls nvfp4_gemm(_swiglu) makes for each row, in row order.
+void run_product_cpu(const Nvfp4IndexedProduct& pr, bool swiglu, const Stream& stream) {
+  const int64_t T = pr.x.size(0), k = pr.ids.size(1);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = pr.ids.data<int32_t>()[t * k + j];
+      LOCUS_CHECK(e >= 0 && e < pr.set->size(), "nvfp4_gemm_indexed: id ", e, " of token ", t, " choice ", j,
+                  " is outside [0, ", pr.set->size(), ")");
+      const Nvfp4Weight& w = *pr.set->weights()[static_cast<size_t>(e)];
+      const Tensor xs = pr.x.slice(0, t, t + 1), ys = pr.y.slice(0, t * k + j, t * k + j + 1);
+      swiglu ? nvfp4_gemm_swiglu(xs, w, ys, stream) : nvfp4_gemm(xs, w, Tensor(), ys, stream);
     }
+  }
+}
+
+}  // namespace
+
+void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const Nvfp4WeightSet& set, const Tensor& y, bool swiglu,
+                        const Stream& stream) {
+  nvfp4_gemm_indexed({Nvfp4IndexedProduct{x, ids, &set, y}}, swiglu, stream);
+}
+
+void nvfp4_gemm_indexed(const std::vector<Nvfp4IndexedProduct>& products, bool swiglu, const Stream& stream) {
+  const char* op = "nvfp4_gemm_indexed";
+  std::vector<Nvfp4IndexedProduct> work;
+  for (const Nvfp4IndexedProduct& pr : products)
+    if (check_product(pr, swiglu)) work.push_back(pr);
+  if (work.empty()) return;
+  const Nvfp4IndexedProduct& first = work[0];
+  const Nvfp4Weight& w0 = *first.set->weights()[0];
+  for (const Nvfp4IndexedProduct& pr : work) {
+    const Nvfp4Weight& w = *pr.set->weights()[0];
+    LOCUS_CHECK(w.n == w0.n && w.k == w0.k && w.layout == w0.layout, op, ": products' weights are ", w.n, " x ", w.k,
+                " and ", w0.n, " x ", w0.k, " (one launch takes one shape)");
+    checks::same_device(op, "x", pr.x, "the first product's x", first.x);
+    checks::dtype(op, "y", pr.y, {first.y.dtype()});
+    LOCUS_CHECK(reinterpret_cast<uintptr_t>(pr.y.data_ptr()) >= reinterpret_cast<uintptr_t>(first.y.data_ptr()), op, ": a product's y starts before the first product's");
+  }
+  if (first.x.device().is_cpu()) {
+    for (const Nvfp4IndexedProduct& pr : work) run_product_cpu(pr, swiglu, stream);
     return;
   }
 #if defined(LOCUS_WITH_CUDA)
-  cuda::nvfp4_gemm_indexed(x, ids, set, y, swiglu, stream.native);
+  cuda::nvfp4_gemm_indexed(work, swiglu, stream.native);
 #else
-  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+  LOCUS_THROW(op, ": tensors are on ", first.x.device().name(), " but this build has no CUDA backend");
 #endif
 }
 

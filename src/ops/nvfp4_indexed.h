@@ -41,4 +41,16 @@ class Nvfp4WeightSet {
 void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const Nvfp4WeightSet& set, const Tensor& y, bool swiglu,
                         const Stream& stream = {});
 
+// One product of nvfp4_gemm_indexed's form: y[t*k + j] = x[t] W^T for W = set[ids[t, j]].
+struct Nvfp4IndexedProduct {
+  Tensor x, ids;
+  const Nvfp4WeightSet* set = nullptr;
+  Tensor y;
+};
+// Several such products whose weights share one shape, each as nvfp4_gemm_indexed computes it:
+// on CUDA in one launch (a MoE decode's routed experts and its shared expert, whose ids are a
+// constant column), so that they pay one launch's fill and drain. Every y is a view of the first
+// product's storage at or after its start (one output base for the launch), of one dtype.
+void nvfp4_gemm_indexed(const std::vector<Nvfp4IndexedProduct>& products, bool swiglu, const Stream& stream = {});
+
 }  // namespace locus::ops

@@ -86,6 +86,44 @@ TEST(CudaNvfp4Indexed, EveryRowMatchesFp64WithItsExpert) {
   }
 }
 
+// Two products in one launch, as MoE decode runs its routed experts with its shared expert (a
+// set of one weight, ids of zeros) at DeepSeek-V3's expert shapes: both row ranges of the output
+// against fp64, nothing left unwritten.
+TEST(CudaNvfp4Indexed, TwoProductsInOneLaunchMatchFp64) {
+  LOCUS_REQUIRE_GPU();
+  for (const IndexedCase c : {IndexedCase{5, 2048, 7168, 1, 8, true}, IndexedCase{5, 7168, 2048, 1, 8, false},
+                              IndexedCase{4, 64, 256, 3, 2, true}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " N " << c.n << " K " << c.k << " T " << c.tokens);
+    std::mt19937_64 rng(seed);
+    const Indexed in(c, seed);
+    // Experts 0..E-2 are routed; expert E-1 plays the shared one.
+    IndexedCase routed_case = c;
+    routed_case.experts = c.experts - 1;
+    const ops::Nvfp4WeightSet routed([&] {
+      std::vector<const ops::Nvfp4Weight*> p;
+      for (int64_t e = 0; e + 1 < c.experts; ++e) p.push_back(&in.gpu[static_cast<size_t>(e)]);
+      return p;
+    }());
+    const ops::Nvfp4WeightSet shared({&in.gpu.back()});
+    const std::vector<int32_t> ids = random_ids(routed_case, rng);
+    const int64_t R = c.tokens * c.choices, T = c.tokens;
+    const DType out_dtype = c.swiglu ? DType::kBF16 : DType::kFP32;
+    Tensor y = poisoned_gpu({R + T, c.n}, out_dtype);
+    const Tensor xg = to_gpu(in.x);
+    ops::nvfp4_gemm_indexed({{xg, device_ids(ids, c.choices), &routed, y.slice(0, 0, R)},
+                             {xg, device_ids(std::vector<int32_t>(static_cast<size_t>(T), 0), 1), &shared, y.slice(0, R, R + T)}},
+                            c.swiglu);
+    std::vector<double> want = in.ref(c, ids);  // the routed rows, then each token's row with the shared weight
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> r = ref_gemm_dense(in.x.slice(0, t, t + 1), dequant_ref(in.host.back()), c.swiglu ? 2 * c.n : c.n);
+      if (c.swiglu) r = ref_swiglu(r, 1, c.n);
+      want.insert(want.end(), r.begin(), r.end());
+    }
+    EXPECT_LT(rel_error(fetch(y), want), c.swiglu ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k));
+  }
+}
+
 TEST(CudaNvfp4Indexed, AnIdOutOfRangeGivesAZeroRow) {
   LOCUS_REQUIRE_GPU();
   const IndexedCase c{3, 64, 128, 2, 3, false};

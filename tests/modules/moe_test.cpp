@@ -265,6 +265,9 @@ TEST(MoeTest, Nvfp4DecodeTakesExpertsByIdAsGroupingWould) {
       HostProfile::reset();
       const Tensor by_id = run(moe, x);
       EXPECT_EQ(HostProfile::report().find("moe.group") == std::string::npos, T == 1) << HostProfile::report();
+      // One token, experts whole: the shared expert rides in the routed experts' launches.
+      EXPECT_EQ(HostProfile::report().find("moe.shared") == std::string::npos, T == 1 && domains == 0)
+          << HostProfile::report();
       modules::set_moe_indexed_experts(false);
       HostProfile::reset();
       const Tensor grouped = run(moe, x);

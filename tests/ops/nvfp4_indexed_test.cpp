@@ -61,5 +61,41 @@ TEST(Nvfp4Indexed, BadInputsAreNamed) {
   expect_error([&] { ops::nvfp4_gemm_indexed(x, ids_tensor({0, 1}, 2), set, y, false); }, {"ids"});
 }
 
+// Two products in one call (a MoE's routed experts and its shared expert as a one-weight set with
+// ids of zeros), writing two row ranges of one output: each range is what its product alone gives.
+TEST(Nvfp4Indexed, SeveralProductsAreEachTheirOwnCall) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const int64_t K = 64, N = 32, T = 2, k = 2;
+  std::vector<ops::Nvfp4Weight> w;
+  for (int64_t e = 0; e < 4; ++e) w.push_back(ops::nvfp4_quantize(randn({2 * N, K}, DType::kBF16, seed + 10 + e, 0.2)));
+  const ops::Nvfp4WeightSet routed({&w[0], &w[1], &w[2]}), shared({&w[3]});
+  const Tensor x = randn({T, K}, DType::kBF16, seed + 1);
+  const Tensor ids = ids_tensor({2, 0, 1, 2}, k), zeros = ids_tensor({0, 0}, 1);
+  Tensor y = Tensor::empty({T * k + T, N}, DType::kBF16);
+  y.fill_nan_();
+  ops::nvfp4_gemm_indexed({{x, ids, &routed, y.slice(0, 0, T * k)}, {x, zeros, &shared, y.slice(0, T * k, T * k + T)}},
+                          /*swiglu=*/true);
+  Tensor want_routed = Tensor::empty({T * k, N}, DType::kBF16), want_shared = Tensor::empty({T, N}, DType::kBF16);
+  ops::nvfp4_gemm_indexed(x, ids, routed, want_routed, true);
+  ops::nvfp4_gemm_indexed(x, zeros, shared, want_shared, true);
+  EXPECT_TRUE(bitwise_equal(y.slice(0, 0, T * k), want_routed));
+  EXPECT_TRUE(bitwise_equal(y.slice(0, T * k, T * k + T), want_shared));
+
+  // One launch takes one weight shape, one output dtype and outputs at or after the first.
+  const ops::Nvfp4Weight narrow = ops::nvfp4_quantize(randn({N, K}, DType::kBF16, seed + 20, 0.2));
+  const ops::Nvfp4WeightSet other_shape({&narrow});
+  expect_error([&] { ops::nvfp4_gemm_indexed({{x, ids, &routed, y.slice(0, 0, T * k)},
+                                              {x, zeros, &other_shape, Tensor::empty({T, N / 2}, DType::kBF16)}}, true); },
+               {"nvfp4_gemm_indexed", "one launch takes one shape"});
+  expect_error([&] { ops::nvfp4_gemm_indexed({{x, ids, &routed, y.slice(0, T, T + T * k)},
+                                              {x, zeros, &shared, y.slice(0, 0, T)}}, true); },
+               {"nvfp4_gemm_indexed", "starts before"});
+  expect_error([&] { ops::nvfp4_gemm_indexed({{x, ids, &routed, y.slice(0, 0, T * k)},
+                                              {x, zeros, &shared, Tensor::empty({T, N}, DType::kFP32)}}, true); },
+               {"nvfp4_gemm_indexed", "y"});
+  expect_error([&] { ops::nvfp4_gemm_indexed({{x, ids, nullptr, y.slice(0, 0, T * k)}}, true); }, {"no weight set"});
+}
+
 }  // namespace
 }  // namespace locus::testing

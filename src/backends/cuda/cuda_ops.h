@@ -106,9 +106,9 @@ std::vector<size_t> nvfp4_gemm_row_blocks(const Tensor& x, const std::vector<ops
 // each): what ops::Nvfp4WeightSet hands the indexed kernel.
 Tensor nvfp4_weight_table(const std::vector<const ops::Nvfp4Weight*>& weights);
 // ops::nvfp4_gemm_indexed (operands checked there): one launch of the streaming kernel, one
-// batched part whose entry t*k + j reads x row t and looks weight ids[t, j] up in the table.
-void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const ops::Nvfp4WeightSet& set, const Tensor& y,
-                        bool swiglu, void* stream);
+// batched part per product whose entry t*k + j reads its x row t and looks weight ids[t, j] up
+// in its set's table.
+void nvfp4_gemm_indexed(const std::vector<ops::Nvfp4IndexedProduct>& products, bool swiglu, void* stream);
 bool nvfp4_row_block_launches();
 void set_nvfp4_row_block_launches(bool on);
 

@@ -230,34 +230,43 @@ Tensor nvfp4_weight_table(const std::vector<const ops::Nvfp4Weight*>& weights) {
   return host.to(dev);
 }
 
-void nvfp4_gemm_indexed(const Tensor& x, const Tensor& ids, const ops::Nvfp4WeightSet& set, const Tensor& y,
-                        bool swiglu, void* stream) {
+void nvfp4_gemm_indexed(const std::vector<ops::Nvfp4IndexedProduct>& products, bool swiglu, void* stream) {
   const char* op = "cuda::nvfp4_gemm_indexed";
-  const ops::Nvfp4Weight& w0 = *set.weights()[0];
-  LOCUS_CHECK(w0.layout == ops::Nvfp4Layout::kCudaTiled, op, ": the weights are not prepared for the GPU");
-  LOCUS_CHECK(x.stride(1) == 1 && y.stride(1) == 1, op, ": x and y need unit column strides");
-  const int64_t T = x.size(0), k = ids.size(1);
-  LOCUS_CHECK(T * k <= std::numeric_limits<int32_t>::max() && set.size() <= std::numeric_limits<int32_t>::max(), op,
-              ": ", T * k, " rows or ", set.size(), " weights are beyond the kernel's range");
-  const Tensor table = set.device_table();
-  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x.slice(0, 0, 1), y.slice(0, 0, 1), swiglu, Tensor());
-  a.num_parts = 1;
-  StreamGemmPart& p = a.parts[0];
-  LOCUS_CHECK(nvfp4_part(w0, swiglu, Tensor(), 0, 0, &p), op, ": a fused gate/up weight of ", w0.n,
-              " rows does not split into 16-row tiles");
-  p.w = nullptr;  // each entry's weight comes from the table
-  p.scales = nullptr;
-  p.global_scale = nullptr;
-  p.weight_table = static_cast<const StreamWeightRef*>(table.data_ptr());
-  p.weight_ids = ids.data<int32_t>();
-  p.weight_count = static_cast<int32_t>(set.size());
-  p.batch = static_cast<int32_t>(T * k);
-  p.x = x.data<uint16_t>();
-  p.x_batch_stride = x.stride(0);
-  p.x_entry_div = static_cast<int32_t>(k);
-  p.y_batch_stride = y.stride(0);
-  LOCUS_CHECK(launch_if_eligible(a, {}, false, x.device().index, stream), op,
-              ": the streaming kernel does not take x ", x.describe(), " (K % 16 == 0 and 16-byte aligned rows needed)");
+  LOCUS_CHECK(!products.empty() && products.size() <= static_cast<size_t>(detail::kStreamGemmMaxParts), op, ": ",
+              products.size(), " products (1..", detail::kStreamGemmMaxParts, " per launch)");
+  const ops::Nvfp4IndexedProduct& first = products[0];
+  const Tensor &x0 = first.x, &y0 = first.y;
+  StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x0.slice(0, 0, 1), y0.slice(0, 0, 1), swiglu, Tensor());
+  a.num_parts = static_cast<int32_t>(products.size());
+  std::vector<Tensor> tables;  // alive until the launch is queued
+  for (size_t i = 0; i < products.size(); ++i) {
+    const ops::Nvfp4IndexedProduct& pr = products[i];
+    const ops::Nvfp4Weight& w0 = *pr.set->weights()[0];
+    LOCUS_CHECK(w0.layout == ops::Nvfp4Layout::kCudaTiled, op, ": the weights are not prepared for the GPU");
+    LOCUS_CHECK(pr.x.stride(1) == 1 && pr.y.stride(1) == 1, op, ": x and y need unit column strides");
+    const int64_t T = pr.x.size(0), k = pr.ids.size(1);
+    LOCUS_CHECK(T * k <= std::numeric_limits<int32_t>::max() && pr.set->size() <= std::numeric_limits<int32_t>::max(),
+                op, ": ", T * k, " rows or ", pr.set->size(), " weights are beyond the kernel's range");
+    tables.push_back(pr.set->device_table());
+    StreamGemmPart& p = a.parts[i];
+    LOCUS_CHECK(nvfp4_part(w0, swiglu, Tensor(), 0, 0, &p), op, ": a fused gate/up weight of ", w0.n,
+                " rows does not split into 16-row tiles");
+    p.w = nullptr;  // each entry's weight comes from the table
+    p.scales = nullptr;
+    p.global_scale = nullptr;
+    p.weight_table = static_cast<const StreamWeightRef*>(tables.back().data_ptr());
+    p.weight_ids = pr.ids.data<int32_t>();
+    p.weight_count = static_cast<int32_t>(pr.set->size());
+    p.batch = static_cast<int32_t>(T * k);
+    p.x = pr.x.data<uint16_t>();
+    p.x_batch_stride = pr.x.stride(0);
+    p.x_entry_div = static_cast<int32_t>(k);
+    p.y_offset = static_cast<int64_t>((reinterpret_cast<uintptr_t>(pr.y.data_ptr()) -
+                                       reinterpret_cast<uintptr_t>(y0.data_ptr())) / dtype_size(y0.dtype()));
+    p.y_batch_stride = pr.y.stride(0);
+  }
+  LOCUS_CHECK(launch_if_eligible(a, {}, false, x0.device().index, stream), op, ": the streaming kernel does not take x ",
+              x0.describe(), " (K % 16 == 0 and 16-byte aligned rows needed)");
 }
 
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }
