@@ -158,12 +158,13 @@ int main(int argc, char** argv) {
     auto one = [&](int c) {  // expert c (distinct per call, so its weights are not in the L2)
       const std::vector<ops::Nvfp4RowBlock> gu{{&gate_up[static_cast<size_t>(c)], 0, tokens}};
       const std::vector<ops::Nvfp4RowBlock> dn{{&down[static_cast<size_t>(c)], 0, tokens}};
-      ops::nvfp4_gemm_row_blocks(x, gu, h, true, Stream{dev, s});
-      ops::nvfp4_gemm_row_blocks(h, dn, y, false, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(x, gu, h.slice(0, 0, rows), true, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(h.slice(0, 0, rows), dn, y.slice(0, 0, rows), false, Stream{dev, s});
     };
     auto stage = [&](int c) {
-      ops::nvfp4_gemm_row_blocks(x, calls[static_cast<size_t>(c)].gate_up, h, true, Stream{dev, s});
-      ops::nvfp4_gemm_row_blocks(h, calls[static_cast<size_t>(c)].down, y, false, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(x, calls[static_cast<size_t>(c)].gate_up, h.slice(0, 0, rows), true, Stream{dev, s});
+      ops::nvfp4_gemm_row_blocks(h.slice(0, 0, rows), calls[static_cast<size_t>(c)].down, y.slice(0, 0, rows), false,
+                                 Stream{dev, s});
     };
     auto stream_launches = [] {
       return cuda::detail::stream_gemm_feed_launches(0) + cuda::detail::stream_gemm_feed_launches(1);

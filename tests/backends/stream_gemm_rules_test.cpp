@@ -111,6 +111,32 @@ TEST(StreamGemmRules, OneUnitPerSmWhereUnitsMayTouchTheirRows) {
   }
 }
 
+// The rings kernel's resident CTAs (two 8-warp CTAs per SM at M <= 16) take one unit each where
+// units may touch the rows that needs, at the decode step's shapes that unit_rows alone would cut
+// into a second round: DeepSeek-V3's dense gate/up with SwiGLU (576 rows of 112 chunks) and the
+// experts' by-id projections of one token (8 or 9 experts: 512-576 SwiGLU rows of 112 chunks,
+// 896-1008 down rows of 32).
+TEST(StreamGemmRules, ResidentCtasTakeOneUnitEachAtTheDecodeStepsShapes) {
+  const int slots = 2 * kSms;
+  auto rows_of = [](int64_t rows, int64_t chunks) {
+    StreamRows w;
+    w.chunks = chunks;
+    w.rows[0] = static_cast<int32_t>(rows);
+    return w;
+  };
+  for (const StreamRows& w : {rows_of(576, 112), rows_of(512, 112), rows_of(896, 32), rows_of(1008, 32)}) {
+    SCOPED_TRACE(::testing::Message() << w.rows[0] << " rows of " << w.chunks << " chunks");
+    const int rows = unit_rows_one_per_cta(w, slots, kWideWarps);
+    const int64_t units = stream_k_units(w, 0, slots, kWideWarps, 1, rows);
+    EXPECT_LE(units, slots);
+    const int64_t longest = (w.chunks_total() + units - 1) / units;
+    EXPECT_LE((longest - 1 + w.chunks - 1) / w.chunks + 1, rows);
+  }
+  // What unit_rows alone gives: a second round.
+  EXPECT_GT(stream_k_units(rows_of(576, 112), 0, slots, kWideWarps, 1, unit_rows(rows_of(576, 112), kWideWarps)), slots);
+  EXPECT_GT(stream_k_units(rows_of(896, 32), 0, slots, kWideWarps, 1, unit_rows(rows_of(896, 32), kWideWarps)), slots);
+}
+
 // The stream-K arithmetic both kernels share: the ranges tile [0, T) in order, stream_k_unit_of
 // inverts them, and no row of C chunks meets more units than the partial slots the launch sizes
 // (stream_max_segments), for random rows, row lengths and unit counts over 1-3 domains.

@@ -210,6 +210,23 @@ LaunchShape launch_shape(int m, int sms, int unit_rows, int forced_stages) {
   return ls;
 }
 
+// launch_shape with row slots for units that touch enough rows that the stream-K cut needs no
+// second round of units (unit_rows_one_per_cta over the resident CTAs), where those slots keep
+// the residency and the ring depth; else with unit_rows. A second round (a few units run after
+// every other CTA is done) cost about a third of the call: the H100 trace of a decode step
+// (docs/benchmarks.md, twentieth session) had DeepSeek-V3's dense gate/up (576 rows of 112 chunks:
+// 287 units of at most 225 chunks for 264 CTAs) and its experts' by-id down projections (896 rows
+// of 32 chunks: 442 units of at most 65) at 1.7-2.2x their weights' time.
+template <StreamWeight F, int MB, int H, int W>
+LaunchShape fitted_shape(int m, int sms, const StreamRows& work, int forced_stages) {
+  const LaunchShape base = launch_shape<F, MB, H, W>(m, sms, unit_rows(work, W), forced_stages);
+  if (base.max_blocks == 0) return base;
+  const int rows = unit_rows_one_per_cta(work, base.max_blocks, W);
+  if (rows <= base.unit_rows) return base;
+  const LaunchShape wider = launch_shape<F, MB, H, W>(m, sms, rows, forced_stages);
+  return wider.max_blocks == base.max_blocks && wider.stages == base.stages ? wider : base;
+}
+
 // Launches W-warp CTAs shaped `ls` over `sms` SMs.
 template <StreamWeight F, int MB, int H, int W>
 void launch_with(StreamGemmArgs& a, const StreamRows& work, const LaunchShape& ls, const StreamGemmTuning& t, int sms,
@@ -239,7 +256,7 @@ template <StreamWeight F, int MB, int H>
 void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_total, int64_t rows_total, int sms,
                   const StreamGemmTuning& t, cudaStream_t stream) {
   const int stages = t.feed == 0 ? t.stages : 0;  // a TMA ring depth (the feed declined the problem) is not ours
-  const LaunchShape wide = launch_shape<F, MB, H, kWideWarps>(a.m, sms, unit_rows(work, kWideWarps), stages);
+  const LaunchShape wide = fitted_shape<F, MB, H, kWideWarps>(a.m, sms, work, stages);
   // 8 warps may not fit at all (BF16 at M = 17..32: the rings and row slots exceed an SM).
   // The TMA feed's 16 consumer warps (the feed declined the problem) are not ours either, and
   // 8 warps asked for where they do not fit run as 4.
@@ -247,7 +264,7 @@ void launch_typed(StreamGemmArgs& a, const StreamRows& work, int64_t groups_tota
   if (wide.max_blocks == 0) warps = kNarrowWarps;
   else if (warps == 0) warps = cta_warps(work, wide.max_blocks, sms);
   if (warps == kNarrowWarps) {
-    const LaunchShape narrow = launch_shape<F, MB, H, kNarrowWarps>(a.m, sms, unit_rows(work, kNarrowWarps), stages);
+    const LaunchShape narrow = fitted_shape<F, MB, H, kNarrowWarps>(a.m, sms, work, stages);
     launch_with<F, MB, H, kNarrowWarps>(a, work, narrow, t, sms, groups_total, rows_total, stream);
   } else {
     launch_with<F, MB, H, kWideWarps>(a, work, wide, t, sms, groups_total, rows_total, stream);

@@ -44,7 +44,8 @@ inline int unit_rows(const StreamRows& w, int warps) {
   return static_cast<int>(std::clamp<int64_t>(rows, kMinUnitRows, kMaxUnitRows));
 }
 
-// Rows a unit may touch where each of `ctas` CTAs takes one unit (the TMA feed: one CTA per SM):
+// Rows a unit may touch where each of `ctas` CTAs takes one unit (the TMA feed: one CTA per SM;
+// the rings kernel: its resident CTAs, where the row slots fit beside its rings):
 // unit_rows, or more where units of ceil(T / ctas) chunks cross more row boundaries (a range of
 // L chunks touches at most ceil((L - 1) / C) + 1 rows), up to kMaxUnitRows.
 inline int unit_rows_one_per_cta(const StreamRows& w, int ctas, int warps) {
