@@ -5,8 +5,8 @@
 #                               LOG. The MoE routing of a random model has near-ties that BF16
 #                               rounding flips, so each CUDA run is checked against a CPU run that
 #                               follows its routing (LOCUS_ROUTING_REPLAY of its
-#                               LOCUS_ROUTING_DUMP), and LD on against LD off; then CUDA (LD off)
-#                               against the CPU with each its own routing (informative), and their
+#                               LOCUS_ROUTING_DUMP); then CUDA (LD off) against the CPU and LD on
+#                               against LD off, each with its own routing (informative), and their
 #                               routings compared (tools/gpu/compare_routing.py): which tokens
 #                               chose other experts, and whether by near-ties.
 #                               The result lines go to the array logits_results; it returns 1
@@ -17,9 +17,11 @@ logits_vs_cpu() {
   local ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
   # CPU runs that replay a CUDA run's routing come after that run.
   local runs=("cpu off off" "cuda off off" "cuda on on"
-              "cpu off replay_cuda_off LOCUS_ROUTING_REPLAY=$OUT/routing_${fmt}_cuda_off.bin")
-  # Pairs "A|B|label": the checks that decide (CUDA against the CPU following CUDA's routing).
-  local pairs=("cuda_off|cpu_replay_cuda_off|cuda LD off vs cpu following its routing" "cuda_on|cuda_off|cuda LD on vs cuda LD off")
+              "cpu off replay_cuda_off LOCUS_ROUTING_REPLAY=$OUT/routing_${fmt}_cuda_off.bin"
+              "cpu off replay_cuda_on LOCUS_ROUTING_REPLAY=$OUT/routing_${fmt}_cuda_on.bin")
+  # Pairs "A|B|label": the checks that decide (each CUDA run against the CPU following its routing).
+  local pairs=("cuda_off|cpu_replay_cuda_off|cuda LD off vs cpu following its routing"
+               "cuda_on|cpu_replay_cuda_on|cuda LD on vs cpu following its routing")
   if [[ $fmt == nvfp4 ]]; then
     runs+=("cuda off off_perexpert LOCUS_NVFP4_ROW_BLOCKS=0"
            "cpu off replay_cuda_off_perexpert LOCUS_ROUTING_REPLAY=$OUT/routing_${fmt}_cuda_off_perexpert.bin")
@@ -53,6 +55,16 @@ logits_vs_cpu() {
     logits_results+=("$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_cuda_off.bin" \
                         "$OUT/logits_${fmt}_cpu_off.bin" --label "$label" 2>&1)")
     logits_results+=("routing $fmt cuda LD off vs cpu: $(tail -1 <<< "$res")")
+  fi
+  # LD on against LD off: the same where they route alike (informative: a near-tie may route them
+  # apart, as it may CUDA and the CPU).
+  a="$OUT/routing_${fmt}_cuda_on.bin"; b="$OUT/routing_${fmt}_cuda_off.bin"
+  if [[ -s $a && -s $b ]]; then
+    res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1) || failed=1
+    printf '%s\n' "$res" >> "$log"
+    logits_results+=("$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_cuda_on.bin" "$OUT/logits_${fmt}_cuda_off.bin" \
+                        --label "logits $fmt cuda LD on vs cuda LD off (each its own routing; informative)" 2>&1)")
+    logits_results+=("routing $fmt cuda LD on vs LD off: $(tail -1 <<< "$res")")
   fi
   return "$failed"
 }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_settings.h"
 
 namespace locus::cuda {
 
@@ -25,9 +26,11 @@ void upload(const Tensor& src, const Tensor& dst, void* stream) {
   use_device(dst.device().index);
   // Page-locked staging is mapped into the device's address space (unified addressing): a kernel
   // copies it. Other host memory goes through the copy engine.
+  // LOCUS_UPLOAD_KERNEL=0 keeps the copy engine for every upload (for A/B timing).
+  static detail::EnvToggle kernel_copies("LOCUS_UPLOAD_KERNEL", /*default_on=*/true);
   cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, src.data_ptr()) == cudaSuccess && attr.type == cudaMemoryTypeHost &&
-      attr.devicePointer != nullptr)
+  if (kernel_copies.on() && cudaPointerGetAttributes(&attr, src.data_ptr()) == cudaSuccess &&
+      attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr)
     return copy_from_mapped_host(attr.devicePointer, dst.data_ptr(), src.nbytes(), stream);
   cudaGetLastError();  // a failed attribute query leaves nothing behind
   LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyHostToDevice,
