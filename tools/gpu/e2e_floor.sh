@@ -30,7 +30,8 @@ BACKEND="${BACKEND:-cuda}"
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
 source tools/gpu/tiny_model_env.sh  # set_ld_flags
 source tools/gpu/logits_env.sh  # logits_vs_cpu
-layers=3; experts=32; tokens=32; formats="bf16 nvfp4"; models=""; batches="1 8"; lds="off on"
+# 128 new tokens: about 0.13 s of decode at batch 1 on an H100; runs of 32 moved by 5 % from run to run.
+layers=3; experts=32; tokens=128; formats="bf16 nvfp4"; models=""; batches="1 8"; lds="off on"
 while (($#)); do
   case "$1" in
     --layers) layers="$2"; shift ;;
