@@ -5,7 +5,9 @@
 // device was busy and the idle gaps. LOCUS_KERNEL_TRACE_LAST_MS=N keeps only the activities that
 // start in the last N ms (e.g. the timed decode of `locus generate --warmup`, after its warm-up
 // and prefill); LOCUS_KERNEL_TRACE_SEQUENCE=N also lists the last N activities one by one (a
-// decode step launch by launch). Without LOCUS_KERNEL_TRACE the library does nothing.
+// decode step launch by launch), and LOCUS_KERNEL_TRACE_STEP=NAME the median step cut at each
+// start of kernel NAME, by group (step_breakdown). Without LOCUS_KERNEL_TRACE the library does
+// nothing.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -116,6 +118,9 @@ void write_summary() {
     return;
   }
   locus::bench::print_trace_summary(out, locus::bench::summarize_trace(acts, last_ms()), last_ms());
+  if (const char* marker = std::getenv("LOCUS_KERNEL_TRACE_STEP"); marker && *marker)
+    locus::bench::print_step_breakdown(
+        out, locus::bench::step_breakdown(acts, marker, locus::bench::decode_step_groups()), marker);
   if (const size_t n = sequence_length(); n > 0) locus::bench::print_trace_sequence(out, std::move(acts), n);
   if (out != stderr) std::fclose(out);
 }

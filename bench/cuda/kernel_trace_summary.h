@@ -146,4 +146,95 @@ inline void print_trace_sequence(FILE* out, std::vector<TraceActivity> acts, siz
   }
 }
 
+// A trace cut into steps at each start of a marker activity (a kernel that runs once at the start
+// of a decode step: LOCUS_KERNEL_TRACE_STEP=embedding_kernel). Each activity is charged the time it
+// adds to the device's timeline: from the latest end of the activities before it (or its start,
+// after an idle stretch) to its end, so that launches overlapping the previous one's tail count
+// once and a step's charges plus its idle time make its wall time. Medians over the whole steps
+// (the last marker's step is cut off by the trace's end and left out).
+struct StepGroup {
+  std::string label;
+  std::vector<std::string> names;  // an activity belongs to the first group one of whose names it contains
+};
+struct StepBreakdown {
+  int64_t steps = 0;
+  double wall_us = 0, idle_us = 0;           // medians
+  std::vector<std::pair<std::string, double>> groups;  // median us charged, in `groups` order, then "other"
+};
+
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+inline StepBreakdown step_breakdown(std::vector<TraceActivity> acts, const std::string& marker,
+                                    const std::vector<StepGroup>& groups) {
+  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
+    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
+  });
+  auto group_of = [&](const std::string& name) {
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (const std::string& n : groups[g].names)
+        if (name.find(n) != std::string::npos) return g;
+    return groups.size();  // other
+  };
+  StepBreakdown b;
+  std::vector<double> walls, idles;
+  std::vector<std::vector<double>> charged(groups.size() + 1);
+  std::vector<double> cur(groups.size() + 1, 0.0);
+  double idle = 0;
+  bool in_step = false;
+  uint64_t step_start = 0, covered_to = 0;
+  for (const TraceActivity& a : acts) {
+    if (a.name.find(marker) != std::string::npos) {
+      if (in_step) {  // the previous step ends where this one starts
+        const double wall = static_cast<double>(a.start_ns - step_start) / 1e3;
+        const double gap = a.start_ns > covered_to ? static_cast<double>(a.start_ns - covered_to) / 1e3 : 0.0;
+        walls.push_back(wall);
+        idles.push_back(idle + gap);
+        for (size_t g = 0; g < cur.size(); ++g) charged[g].push_back(cur[g]);
+      }
+      in_step = true;
+      step_start = covered_to = a.start_ns;
+      std::fill(cur.begin(), cur.end(), 0.0);
+      idle = 0;
+    }
+    if (!in_step) continue;
+    if (a.start_ns > covered_to) {
+      idle += static_cast<double>(a.start_ns - covered_to) / 1e3;
+      covered_to = a.start_ns;
+    }
+    if (a.end_ns > covered_to) {
+      cur[group_of(a.name)] += static_cast<double>(a.end_ns - covered_to) / 1e3;
+      covered_to = a.end_ns;
+    }
+  }
+  b.steps = static_cast<int64_t>(walls.size());
+  b.wall_us = median_of(walls);
+  b.idle_us = median_of(idles);
+  for (size_t g = 0; g <= groups.size(); ++g)
+    b.groups.emplace_back(g < groups.size() ? groups[g].label : "other", median_of(charged[g]));
+  return b;
+}
+
+inline void print_step_breakdown(FILE* out, const StepBreakdown& b, const std::string& marker) {
+  std::fprintf(out, "\nper step (cut at each %s; median of %lld steps): wall %.1f us, device idle %.1f us\n\n",
+               marker.c_str(), static_cast<long long>(b.steps), b.wall_us, b.idle_us);
+  std::fprintf(out, "| activities | us a step (time added to the timeline) |\n|---|---|\n");
+  for (const auto& [label, us] : b.groups) std::fprintf(out, "| %s | %.1f |\n", label.c_str(), us);
+  std::fprintf(out, "| idle | %.1f |\n", b.idle_us);
+}
+
+// The groups the decode-step breakdown uses: our NVFP4/BF16 streaming kernel, cuBLAS(Lt) GEMMs,
+// attention, MoE routing and combines, host<->device copies and memsets.
+inline std::vector<StepGroup> decode_step_groups() {
+  return {{"streaming GEMM (NVFP4 experts and MLP)", {"stream_gemm"}},
+          {"cuBLAS(Lt) GEMM", {"nvjet", "cublas", "gemm"}},
+          {"attention", {"attn_"}},
+          {"MoE routing and combine", {"moe_", "topk", "combine_kernel", "count_kernel", "scan_kernel", "gather"}},
+          {"copies, uploads, memsets", {"[memcpy", "[memset", "host_copy"}}};
+}
+
 }  // namespace locus::bench

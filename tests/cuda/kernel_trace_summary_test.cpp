@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 namespace locus::bench {
@@ -92,6 +93,44 @@ TEST(KernelTraceSummary, TheSequenceListsTheLastActivitiesInOrder) {
   ASSERT_NE(d, std::string::npos) << text;
   EXPECT_LT(b, c);
   EXPECT_LT(c, d);
+}
+
+// Steps cut at the marker: each activity is charged the time it adds to the timeline (an
+// overlapping launch only its part past the previous end), idle stretches are counted, and the
+// step the trace's end cuts off is left out.
+TEST(KernelTraceSummary, StepsChargeEachActivityTheTimeItAdds) {
+  // Two steps of 20 us: embed [0, 2), gemm [2, 10), a stream launch overlapping it [8, 15) (adds 5),
+  // 3 us idle, a copy [18, 20); then the same from 20, and a third step that the trace cuts off at 40.
+  auto step = [](uint64_t t0) {
+    return std::vector<TraceActivity>{{"embedding_kernel", t0, t0 + 2000},
+                                      {"nvjet_sm90_tst", t0 + 2000, t0 + 10000},
+                                      {"stream_gemm_kernel<1>", t0 + 8000, t0 + 15000},
+                                      {"[memcpy DtoH]", t0 + 18000, t0 + 20000}};
+  };
+  std::vector<TraceActivity> acts = step(0);
+  for (const TraceActivity& a : step(20000)) acts.push_back(a);
+  acts.push_back({"embedding_kernel", 40000, 41000});
+  const StepBreakdown b = step_breakdown(acts, "embedding_kernel", decode_step_groups());
+  EXPECT_EQ(b.steps, 2);
+  EXPECT_DOUBLE_EQ(b.wall_us, 20.0);
+  EXPECT_DOUBLE_EQ(b.idle_us, 3.0);
+  std::map<std::string, double> by;
+  double total = 0;
+  for (const auto& [label, us] : b.groups) {
+    by[label] = us;
+    total += us;
+  }
+  EXPECT_DOUBLE_EQ(by["streaming GEMM (NVFP4 experts and MLP)"], 5.0);
+  EXPECT_DOUBLE_EQ(by["cuBLAS(Lt) GEMM"], 8.0);
+  EXPECT_DOUBLE_EQ(by["copies, uploads, memsets"], 2.0);
+  EXPECT_DOUBLE_EQ(by["other"], 2.0);  // the embedding
+  EXPECT_DOUBLE_EQ(total + b.idle_us, b.wall_us);
+  // A fourth marker closes the third step (its 1 us embedding, then 29 us idle): walls 20, 20, 30.
+  acts.push_back({"embedding_kernel", 70000, 71000});
+  const StepBreakdown c = step_breakdown(acts, "embedding_kernel", decode_step_groups());
+  EXPECT_EQ(c.steps, 3);
+  EXPECT_DOUBLE_EQ(c.wall_us, 20.0);
+  EXPECT_DOUBLE_EQ(c.idle_us, 3.0);  // idles 3, 3 and 29
 }
 
 }  // namespace

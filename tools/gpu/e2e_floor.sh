@@ -14,7 +14,8 @@
 #      graphs): decode tokens/s and floor / measured (DESIGN.md section 7: within 1.5x of the floor);
 #   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
 #   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off
-#      (NVFP4 also with --cuda-graphs, then the last decode step launch by launch);
+#      (NVFP4 also with --cuda-graphs, then the last decode step launch by launch), and the median
+#      step (cut at each embedding launch) by kind of work, with the device's idle time;
 #   7. logits CUDA vs the CPU following CUDA's routing (tools/gpu/logits_env.sh) at these widths.
 # PROFILE_PER_EXPERT=1 profiles NVFP4 with one launch per expert too. BACKEND=cpu and BW_GBS=N run it without a GPU (no logits step then). Logs and the table
 # (e2e_floor.md) go to $OUT (or /tmp/locus-e2e-floor).
@@ -114,7 +115,7 @@ for fmt in $formats; do
         # With graphs, also the last step launch by launch (a 3-layer step is about 120 activities).
         seq=0; [[ -n $flags ]] && seq=$((40 + 45 * layers))
         timeout 300 env LD_PRELOAD="$PWD/$CARRY/libcuda_kernel_trace.so" LOCUS_KERNEL_TRACE="$trace" \
-          LOCUS_KERNEL_TRACE_LAST_MS=20 LOCUS_KERNEL_TRACE_SEQUENCE=$seq "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
+          LOCUS_KERNEL_TRACE_LAST_MS=20 LOCUS_KERNEL_TRACE_SEQUENCE=$seq LOCUS_KERNEL_TRACE_STEP=embedding_kernel "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
           --max-new-tokens $((tokens * 2)) --ignore-eos --warmup --quiet $flags > "$OUT/trace.out" 2>&1
         { echo; echo "$fmt, batch $batch, LD off${flags:+, $flags}: device time by kernel ($(grep -a '^locus: [0-9]' "$OUT/trace.out" |
             sed -E 's/.*decode ([0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok\/s\)).*/decode \1/') under the tracer)";
