@@ -12,7 +12,8 @@
 #      (NVFP4 also with LOCUS_NVFP4_ROW_BLOCKS=0, one launch per expert, and LOCUS_MOE_INDEXED=0, experts
 #      grouped with their offsets read back; and with --cuda-graphs, decode steps replayed from CUDA
 #      graphs): decode tokens/s and floor / measured (DESIGN.md section 7: within 1.5x of the floor);
-#   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off (run before 4);
+#   5. where a decode step's host time goes (LOCUS_HOST_PROFILE=1), batch 1, LD off, eager and with
+#      --cuda-graphs (run before 4);
 #   6. where the device's time goes, by kernel (libcuda_kernel_trace.so, when packaged), batch 1 and 8, LD off
 #      (NVFP4 also with --cuda-graphs, then the last decode step launch by launch), and the median
 #      step (cut at each embedding launch) by kind of work, with the device's idle time;
@@ -94,13 +95,16 @@ for fmt in $formats; do
   plan=$("$CARRY/locus" plan --model "$dir" --decode-batch "${batches// /,}" --bandwidth-gbs "$bw" | grep -E '^  batch [0-9]+:')
   echo "$plan" >> "$LOG"
   # Where a decode step's host time goes (LOCUS_HOST_PROFILE=1: enqueueing, and waits for the
-  # device inside a region), batch 1, LD off.
-  profile_envs=("")
-  [[ $fmt == nvfp4 && -n "${PROFILE_PER_EXPERT:-}" ]] && profile_envs+=("LOCUS_NVFP4_ROW_BLOCKS=0")
-  for envs in "${profile_envs[@]}"; do
+  # device inside a region), batch 1, LD off; eagerly and (CUDA) with decode graphs, where the
+  # host's time between steps is the device's idle time.
+  profile_runs=("|")
+  [[ $BACKEND == cuda ]] && profile_runs+=("|--cuda-graphs")
+  [[ $fmt == nvfp4 && -n "${PROFILE_PER_EXPERT:-}" ]] && profile_runs+=("LOCUS_NVFP4_ROW_BLOCKS=0|")
+  for run in "${profile_runs[@]}"; do
+    IFS='|' read -r envs flags <<< "$run"
     timeout 300 env LOCUS_HOST_PROFILE=1 $envs "$CARRY/locus" generate --model "$dir" --backend "$BACKEND" \
-      "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --warmup --quiet > "$OUT/profile.out" 2>&1
-    { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}: decode steps' host time"; echo '```';
+      "${prompts1[@]}" --max-new-tokens "$tokens" --ignore-eos --warmup --quiet $flags > "$OUT/profile.out" 2>&1
+    { echo; echo "$fmt, batch 1, LD off${envs:+, $envs}${flags:+, $flags}: decode steps' host time"; echo '```';
       sed -n '/^host time by region/,$p' "$OUT/profile.out"; echo '```'; } >> "$PROFILE"
   done
   # Where the device's time goes (bench/cuda/kernel_trace.cpp, CUPTI): kernels, copies and idle
@@ -138,7 +142,7 @@ for fmt in $formats; do
     runs+=("off, grouped experts|off|LOCUS_MOE_INDEXED=0|")
     # Experts by id at every batch (an expert several tokens chose is streamed once per token), so
     # that batch 8 of this model's 32 experts fits a graph too.
-    runs+=("off, graphs, experts by id|off|LOCUS_MOE_INDEXED=all|--cuda-graphs")
+    [[ $BACKEND == cuda ]] && runs+=("off, graphs, experts by id|off|LOCUS_MOE_INDEXED=all|--cuda-graphs")
   fi
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs flags <<< "$run"
