@@ -34,14 +34,19 @@ struct TraceSummary {
   std::vector<TraceRow> rows;  // by total time, largest first
 };
 
+// Activities in start order (ties: the earlier end first).
+inline void sort_by_start(std::vector<TraceActivity>& acts) {
+  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
+    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
+  });
+}
+
 // Summarizes the activities that start in the last `last_ms` milliseconds of the trace (all of
 // them when last_ms <= 0).
 inline TraceSummary summarize_trace(std::vector<TraceActivity> acts, double last_ms) {
   TraceSummary s;
   if (acts.empty()) return s;
-  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
-    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
-  });
+  sort_by_start(acts);
   uint64_t last_end = 0;
   for (const auto& a : acts) last_end = std::max(last_end, a.end_ns);
   const uint64_t cut = last_ms > 0 && last_ms * 1e6 < static_cast<double>(last_end)
@@ -127,9 +132,7 @@ inline void print_trace_summary(FILE* out, const TraceSummary& s, double last_ms
 // duration and the idle time since the device last finished something. For reading one decode
 // step launch by launch (LOCUS_KERNEL_TRACE_SEQUENCE=N).
 inline void print_trace_sequence(FILE* out, std::vector<TraceActivity> acts, size_t n) {
-  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
-    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
-  });
+  sort_by_start(acts);
   const size_t from = acts.size() > n ? acts.size() - n : 0;
   std::fprintf(out, "\nlast %zu activities in start order:\n\n", acts.size() - from);
   std::fprintf(out, "| # | activity | CTAs | start us | us | idle before us |\n|---|---|---|---|---|---|\n");
@@ -171,9 +174,7 @@ inline double median_of(std::vector<double> v) {
 
 inline StepBreakdown step_breakdown(std::vector<TraceActivity> acts, const std::string& marker,
                                     const std::vector<StepGroup>& groups) {
-  std::sort(acts.begin(), acts.end(), [](const TraceActivity& a, const TraceActivity& b) {
-    return a.start_ns != b.start_ns ? a.start_ns < b.start_ns : a.end_ns < b.end_ns;
-  });
+  sort_by_start(acts);
   auto group_of = [&](const std::string& name) {
     for (size_t g = 0; g < groups.size(); ++g)
       for (const std::string& n : groups[g].names)

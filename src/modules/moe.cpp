@@ -453,31 +453,31 @@ bool MoE::shared_in_launch(const ops::Nvfp4Weight** gate_up, const ops::Nvfp4Wei
   const ops::Nvfp4Weight* dn = shared_->down_proj().nvfp4_unit(-1);
   const ops::Nvfp4Weight* routed_gu = gate_up_[0]->nvfp4_unit(-1);
   const ops::Nvfp4Weight* routed_dn = down_[0]->nvfp4_unit(-1);
-  if (!gu || !dn || !routed_gu || !routed_dn) return false;
-  if (gu->n != routed_gu->n || gu->k != routed_gu->k || gu->layout != routed_gu->layout || dn->n != routed_dn->n ||
-      dn->k != routed_dn->k || dn->layout != routed_dn->layout)
-    return false;
+  auto same_shape = [](const ops::Nvfp4Weight* a, const ops::Nvfp4Weight* b) {
+    return a && b && a->n == b->n && a->k == b->k && a->layout == b->layout;
+  };
+  if (!same_shape(gu, routed_gu) || !same_shape(dn, routed_dn)) return false;
   *gate_up = gu;
   *down = dn;
   return true;
 }
 
+const Tensor& MoE::token_table(std::map<int64_t, Tensor>& cache, int64_t tokens, int64_t cols,
+                               bool row_major_index) const {
+  auto it = cache.find(tokens);
+  if (it != cache.end()) return it->second;
+  Tensor t = Tensor::empty({tokens, cols}, DType::kI32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = row_major_index ? static_cast<int32_t>(i) : 0;
+  if (!device().is_cpu()) t = t.to(device());
+  return cache.emplace(tokens, t).first->second;
+}
+
 const Tensor& MoE::pair_order_slots(int64_t tokens) const {
-  auto it = pair_order_slots_.find(tokens);
-  if (it != pair_order_slots_.end()) return it->second;
-  Tensor slots = Tensor::empty({tokens, cfg_.top_k}, DType::kI32);
-  for (int64_t i = 0; i < slots.numel(); ++i) slots.data<int32_t>()[i] = static_cast<int32_t>(i);
-  if (!device().is_cpu()) slots = slots.to(device());
-  return pair_order_slots_.emplace(tokens, slots).first->second;
+  return token_table(pair_order_slots_, tokens, cfg_.top_k, /*row_major_index=*/true);
 }
 
 const Tensor& MoE::zero_ids(int64_t tokens) const {
-  auto it = zero_ids_.find(tokens);
-  if (it != zero_ids_.end()) return it->second;
-  Tensor ids = Tensor::empty({tokens, 1}, DType::kI32);
-  std::fill_n(ids.data<int32_t>(), tokens, 0);
-  if (!device().is_cpu()) ids = ids.to(device());
-  return zero_ids_.emplace(tokens, ids).first->second;
+  return token_table(zero_ids_, tokens, 1, /*row_major_index=*/false);
 }
 
 // The shared expert rides in the routed experts' by-id launches for decode steps of up to this many

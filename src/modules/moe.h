@@ -157,6 +157,10 @@ class MoE : public Module {
   // i32 [T, 1] zeros on the experts' device (the shared expert's ids in the routed launches); made
   // once per T.
   const Tensor& zero_ids(int64_t tokens) const;
+  // The i32 [T, cols] table `cache` holds for T tokens, made on first use on the experts' device:
+  // each element its row-major index, or zeros.
+  const Tensor& token_table(std::map<int64_t, Tensor>& cache, int64_t tokens, int64_t cols,
+                            bool row_major_index) const;
 
   MoeConfig cfg_;
   std::unique_ptr<Linear> gate_;

@@ -110,7 +110,8 @@ void nvfp4_gemm_indexed(const std::vector<Nvfp4IndexedProduct>& products, bool s
                 " and ", w0.n, " x ", w0.k, " (one launch takes one shape)");
     checks::same_device(op, "x", pr.x, "the first product's x", first.x);
     checks::dtype(op, "y", pr.y, {first.y.dtype()});
-    LOCUS_CHECK(reinterpret_cast<uintptr_t>(pr.y.data_ptr()) >= reinterpret_cast<uintptr_t>(first.y.data_ptr()), op, ": a product's y starts before the first product's");
+    LOCUS_CHECK(reinterpret_cast<uintptr_t>(pr.y.data_ptr()) >= reinterpret_cast<uintptr_t>(first.y.data_ptr()), op,
+                ": a product's y starts before the first product's");
   }
   if (first.x.device().is_cpu()) {
     for (const Nvfp4IndexedProduct& pr : work) run_product_cpu(pr, swiglu, stream);

@@ -13,7 +13,7 @@
 #                               when a run failed, a check is above tolerance, or a routing
 #                               difference is not explained by rounding.
 logits_vs_cpu() {
-  local dir=$1 fmt=$2 log=$3 failed=0 run backend ld tag envs pair a b label res dump routing_rc
+  local dir=$1 fmt=$2 log=$3 failed=0 run backend ld tag envs pair a b label res dump
   local ids=(--ids 1,2,3,4,5,6,7,8 --ids 9 --ids 200,17,33)
   # CPU runs that replay a CUDA run's routing come after that run.
   local runs=("cpu off off" "cuda off off" "cuda on on"
@@ -46,25 +46,23 @@ logits_vs_cpu() {
   # CUDA against the CPU's own routing: where the two chose other experts, by near-ties only
   # (compare_routing.py exits 0), a difference above tolerance is explained, and the pair above
   # that follows CUDA's routing decides; a routing difference rounding does not explain fails.
-  a="$OUT/routing_${fmt}_cuda_off.bin"; b="$OUT/routing_${fmt}_cpu_off.bin"
-  if [[ -s $a && -s $b ]]; then
-    res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1); routing_rc=$?
-    printf '%s\n' "$res" >> "$log"
-    ((routing_rc == 0)) || failed=1
-    label="logits $fmt cuda LD off vs cpu LD off (each its own routing; informative)"
-    logits_results+=("$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_cuda_off.bin" \
-                        "$OUT/logits_${fmt}_cpu_off.bin" --label "$label" 2>&1)")
-    logits_results+=("routing $fmt cuda LD off vs cpu: $(tail -1 <<< "$res")")
-  fi
+  own_routings cuda_off cpu_off "cuda LD off vs cpu LD off" "cuda LD off vs cpu" || failed=1
   # LD on against LD off: the same where they route alike (informative: a near-tie may route them
   # apart, as it may CUDA and the CPU).
-  a="$OUT/routing_${fmt}_cuda_on.bin"; b="$OUT/routing_${fmt}_cuda_off.bin"
-  if [[ -s $a && -s $b ]]; then
-    res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1) || failed=1
-    printf '%s\n' "$res" >> "$log"
-    logits_results+=("$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_cuda_on.bin" "$OUT/logits_${fmt}_cuda_off.bin" \
-                        --label "logits $fmt cuda LD on vs cuda LD off (each its own routing; informative)" 2>&1)")
-    logits_results+=("routing $fmt cuda LD on vs LD off: $(tail -1 <<< "$res")")
-  fi
+  own_routings cuda_on cuda_off "cuda LD on vs cuda LD off" "cuda LD on vs LD off" || failed=1
   return "$failed"
+}
+
+# own_routings A B LOGITS_LABEL ROUTING_LABEL (inside logits_vs_cpu: fmt, log, logits_results): the
+# logits of runs A and B, each with its own routing (informative), and their routings compared;
+# returns 1 when a routing difference is not explained by rounding.
+own_routings() {
+  local a="$OUT/routing_${fmt}_$1.bin" b="$OUT/routing_${fmt}_$2.bin" res rc
+  [[ -s $a && -s $b ]] || return 0
+  res=$(python3 tools/gpu/compare_routing.py "$a" "$b" 2>&1); rc=$?
+  printf '%s\n' "$res" >> "$log"
+  logits_results+=("$(python3 tools/gpu/compare_logits.py "$OUT/logits_${fmt}_$1.bin" "$OUT/logits_${fmt}_$2.bin" \
+                      --label "logits $fmt $3 (each its own routing; informative)" 2>&1)")
+  logits_results+=("routing $fmt $4: $(tail -1 <<< "$res")")
+  return "$rc"
 }
