@@ -1,12 +1,12 @@
 // Device benchmark of MLA's absorbed decode attention at DeepSeek-V3's sizes (128 heads over one
 // latent head of 512 + 64 dims, one new token per sequence), as one layer of a decode step runs
-// it for a batch of B sequences of S keys each:
-//   per sequence  one ops::mla_attention call per sequence (what MLA::forward did before
-//                 mla_attention_batch; still its path when sequences append different counts);
-//   batch         one ops::mla_attention_batch call (one launch for up to 64 sequences).
-// Columns: us per layer call (median over replays of a graph of R calls, the two graphs
-// interleaved), and the caches' bytes read per second; each call reads its own copy of the
-// caches (rotated so that they exceed the L2).
+// it for a batch of B sequences of S keys each, with one ops::mla_attention_batch call:
+//   tensor-core   on the tensor-core kernel (64 query rows a CTA, key splits to fill the GPU);
+//   decode        on the CUDA-core decode kernel (4 heads a CTA, key splits of 128-512 keys);
+//   as chosen     the op's own choice (the decode kernel up to LOCUS_ATTN_DECODE_MAX_KEYS keys).
+// Columns: us per layer call (median over replays of a graph of R calls, the graphs
+// interleaved), and the caches' bytes read per second as chosen; each call reads its own copy of
+// the caches (rotated so that they exceed the L2).
 // usage: cuda_attention_bench [--batches B1,B2,..] [--keys S1,S2,..]
 #include <cuda_runtime_api.h>
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cuda_attention.h"
 #include "graph_timing.h"
 #include "ops/attention.h"
 
@@ -53,7 +54,7 @@ Batch make_batch(int64_t B, int64_t S, int copies, std::mt19937_64& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> batches = {1, 8, 32}, key_counts = {64, 512, 4096};
+  std::vector<int64_t> batches = {1, 2, 8, 32}, key_counts = {64, 128, 256, 512, 1024, 4096};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batches" && i + 1 < argc) {
@@ -73,34 +74,34 @@ int main(int argc, char** argv) {
               "bandwidth %.0f GB/s\n\n",
               static_cast<long long>(kHeads), static_cast<long long>(kLatent), static_cast<long long>(kRope),
               bw * 1e-9);
-  std::printf("| sequences | keys each | per sequence us | batch us | per sequence / batch | batch GB/s | of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| sequences | keys each | tensor-core us | decode us | tensor-core / decode | as chosen us | "
+              "as chosen GB/s | of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(7);
   const float scale = 0.1f;
+  constexpr int64_t kDefault = -1, kTensorCore = 0, kDecode = int64_t{1} << 40;  // decode max keys
   for (int64_t B : batches) {
     for (int64_t S : key_counts) {
       const double bytes = static_cast<double>(B * S * (kLatent + kRope) * 2);
       const int copies = rotating_copies(bytes, 8);
       const Batch b = make_batch(B, S, copies, rng);
       constexpr int kCalls = 16;
-      auto call = [&](bool batched, int r) {
+      // The kernel is chosen when a call is captured: each column sets its choice first.
+      auto call = [&](int64_t max_keys, int r) {
         const int c = r % copies;
-        const Stream st{Device::cuda(0), s};
-        if (batched) return ops::mla_attention_batch(b.q_lat[c], b.q_pe[c], b.keys[c], b.out[c], scale, st);
-        for (int64_t i = 0; i < B; ++i) {
-          const ops::AttentionKeys& k = b.keys[c][static_cast<size_t>(i)];
-          ops::mla_attention(b.q_lat[c].slice(0, i, i + 1), b.q_pe[c].slice(0, i, i + 1), k.k_a, k.k_b, k.v,
-                             b.out[c].slice(0, i, i + 1), scale, S - 1, st);
-        }
+        cuda::set_attention_decode_max_keys(max_keys);
+        ops::mla_attention_batch(b.q_lat[c], b.q_pe[c], b.keys[c], b.out[c], scale, Stream{Device::cuda(0), s});
+        cuda::set_attention_decode_max_keys(kDefault);
       };
-      double t[2] = {0, 0};
+      double t[3] = {0, 0, 0};
       InterleavedTimer timer(s);
-      timer.add(&t[0], kCalls, [&](int r) { call(false, r); });
-      timer.add(&t[1], kCalls, [&](int r) { call(true, r); });
+      timer.add(&t[0], kCalls, [&](int r) { call(kTensorCore, r); });
+      timer.add(&t[1], kCalls, [&](int r) { call(kDecode, r); });
+      timer.add(&t[2], kCalls, [&](int r) { call(kDefault, r); });
       timer.run(20);
-      std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %.0f | %.0f%% |\n", static_cast<long long>(B),
-                  static_cast<long long>(S), t[0] * 1e6, t[1] * 1e6, t[0] / t[1], bytes / t[1] * 1e-9,
-                  100.0 * bytes / t[1] / bw);
+      std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %.1f | %.0f | %.0f%% |\n", static_cast<long long>(B),
+                  static_cast<long long>(S), t[0] * 1e6, t[1] * 1e6, t[0] / t[1], t[2] * 1e6, bytes / t[2] * 1e-9,
+                  100.0 * bytes / t[2] / bw);
     }
   }
   return 0;

@@ -75,6 +75,14 @@ DeviceHooks& device_hooks(DeviceType type) {
   return *h;
 }
 
+namespace {
+thread_local int t_default_domain = -1;
+}  // namespace
+
+int default_allocation_domain() { return t_default_domain; }
+AllocationDomainScope::AllocationDomainScope(int domain) : previous_(t_default_domain) { t_default_domain = domain; }
+AllocationDomainScope::~AllocationDomainScope() { t_default_domain = previous_; }
+
 void record_allocation(Device device, int domain, int64_t bytes) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.stats_mu);

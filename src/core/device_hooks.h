@@ -46,6 +46,23 @@ void register_device_hooks(DeviceType type, DeviceHooks* hooks);
 DeviceHooks& device_hooks(DeviceType type);
 bool has_device_hooks(DeviceType type);
 
+// The domain an allocation whose caller names none (-1) is tagged with on this thread: -1, or
+// the one the innermost live AllocationDomainScope of the thread set. Work queued on a second
+// stream (ops::SideStream) takes its scratch, and that of every op it calls, from a pool of its
+// own this way, so that no block it frees while its kernels run is handed to the caller's stream
+// (the CUDA allocator's stream rules, backends/cuda/cuda_hooks.cpp).
+int default_allocation_domain();
+class AllocationDomainScope {
+ public:
+  explicit AllocationDomainScope(int domain);
+  ~AllocationDomainScope();
+  AllocationDomainScope(const AllocationDomainScope&) = delete;
+  AllocationDomainScope& operator=(const AllocationDomainScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Live bytes allocated through Tensor storage, per device type and domain (-1 = untagged).
 struct MemoryStats {
   int64_t live_bytes = 0;

@@ -47,6 +47,7 @@ static void check_shape(const Shape& shape) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device, int domain) {
   check_shape(shape);
+  if (domain == -1) domain = default_allocation_domain();
   auto st = std::make_shared<Storage>();
   st->bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   st->device = device;

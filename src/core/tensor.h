@@ -33,7 +33,8 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialized contiguous tensor. domain tags the allocation (see DeviceHooks).
+  // Uninitialized contiguous tensor. domain tags the allocation (see DeviceHooks); -1 on a device
+  // means default_allocation_domain() (core/device_hooks.h).
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu(), int domain = -1);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu(), int domain = -1);
   // Borrowed memory, contiguous, or with explicit strides.

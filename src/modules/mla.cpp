@@ -13,6 +13,7 @@
 #include "ops/kv_table.h"
 #include "ops/norm.h"
 #include "ops/partitioned.h"
+#include "ops/side_stream.h"
 
 namespace locus::modules {
 
@@ -396,18 +397,24 @@ void MLA::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor
   LOCUS_CHECK(table.width == dc + dr, "MLA '", name(), "': the KV table's caches have rows of ", table.width,
               " values but this layer needs ", dc, " + ", dr);
   if (B == 0) return;
+  // The latent rows (kv_a_proj, its norm, the rope, the cache append: short kernels) are queued
+  // on a side stream, beside the queries and their absorption, and joined before the attention.
   // The new token of sequence b sits at position lengths[b].
-  std::optional<HostProfileScope> profile(std::in_place, "mla.q");
+  std::optional<HostProfileScope> profile(std::in_place, "mla.kv_cache");
+  ops::SideStream side(stream);
+  side.run([&](const Stream& s) {
+    Tensor kva = Tensor::empty({B, dc + dr}, DType::kBF16, device());
+    kv_a_proj_->forward(x, kva, s);
+    Tensor latent = Tensor::empty({B, dc + dr}, DType::kBF16, device());
+    make_latent(kva, latent, table.lengths, s);
+    ops::kv_append_rows(latent, table, s);
+  });
+  profile.emplace("mla.q");
   const Tensor q3 = queries(x, table.lengths, stream);
-  profile.emplace("mla.kv_cache");
-  Tensor kva = Tensor::empty({B, dc + dr}, DType::kBF16, device());
-  kv_a_proj_->forward(x, kva, stream);
-  Tensor latent = Tensor::empty({B, dc + dr}, DType::kBF16, device());
-  make_latent(kva, latent, table.lengths, stream);
-  ops::kv_append_rows(latent, table, stream);
   profile.emplace("mla.attention");
   Tensor o_v = Tensor::empty({B, H, dv}, DType::kBF16, device());
   absorbed_attention(q3, o_v, stream, [&](const Tensor& q_lat, const Tensor& q_pe, const Tensor& o_lat) {
+    side.join();
     ops::mla_attention_table(q_lat, q_pe, table, o_lat, softmax_scale_, stream);
   });
   profile.emplace("mla.o_proj");

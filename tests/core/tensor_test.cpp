@@ -55,6 +55,21 @@ TEST(Tensor, MemoryAccountingTracksDomains) {
   EXPECT_EQ(memory_stats(Device::cpu(), 3).live_bytes, before);
 }
 
+TEST(Tensor, AllocationsNamingNoDomainTakeTheScopesWhileItLives) {
+  EXPECT_EQ(Tensor::empty({4}, DType::kFP32).domain(), -1);
+  {
+    AllocationDomainScope scope(7);
+    EXPECT_EQ(Tensor::empty({4}, DType::kFP32).domain(), 7);
+    EXPECT_EQ(Tensor::empty({4}, DType::kFP32, Device::cpu(), 2).domain(), 2);  // named: kept
+    {
+      AllocationDomainScope inner(9);
+      EXPECT_EQ(Tensor::zeros({4}, DType::kFP32).domain(), 9);
+    }
+    EXPECT_EQ(Tensor::empty({4}, DType::kFP32).domain(), 7);
+  }
+  EXPECT_EQ(Tensor::empty({4}, DType::kFP32).domain(), -1);
+}
+
 TEST(Tensor, ErrorsNameTheProblem) {
   Tensor t = Tensor::empty({2, 3}, DType::kFP32);
   try {

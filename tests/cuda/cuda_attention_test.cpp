@@ -125,6 +125,26 @@ TEST(CudaAttention, AbsorbedDecodeSmallModelAndFp32Output) {
   }
 }
 
+TEST(CudaAttention, DecodeKernelAndTensorCoreKernelEachMatchFp64) {
+  LOCUS_REQUIRE_GPU();
+  // One new token over DeepSeek-V3's latent (from the query alone to 4 key splits of the decode
+  // kernel), the tiny model's sizes, and 5 heads (a CTA's 4 heads, then 1) over an odd latent;
+  // bf16 and fp32 outputs, on each kernel.
+  for (int64_t max_keys : {kTensorCoreAttention, kDecodeKernelAttention}) {
+    DecodeAttentionKeys kernel(max_keys);
+    for (auto [H, Dc, Dr, S] : {std::array<int64_t, 4>{128, 512, 64, 1}, {128, 512, 64, 64}, {128, 512, 64, 300},
+                                {128, 512, 64, 1700}, {16, 64, 16, 77}, {5, 200, 24, 130}}) {
+      for (DType out : {DType::kBF16, DType::kFP32}) {
+        const uint64_t seed = fresh_seed();
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " max_keys " << max_keys << " H " << H << " Dc "
+                                          << Dc << " S " << S << " out " << dtype_name(out));
+        const AttnInputs in = decode_inputs(1, H, S, Dc, Dr, seed);
+        expect_matches(in, out, S - 1, default_scale(in));
+      }
+    }
+  }
+}
+
 TEST(CudaAttention, PrefillAtDeepSeekV3HeadDims) {
   LOCUS_REQUIRE_GPU();
   // qk_nope 128 per head, shared rope 64, v 128 per head: a whole prompt (T = S) and a chunk
@@ -290,6 +310,21 @@ TEST(CudaAttention, BatchedDecodeSequencesOfEveryLengthInOneOp) {
   SCOPED_TRACE(seed);
   const BatchDecode b(128, 512, 64, {1, 5, 70, 300, 1500, 33}, seed);
   b.expect_matches(b.run());
+}
+
+TEST(CudaAttention, BatchedDecodeOnEachKernel) {
+  LOCUS_REQUIRE_GPU();
+  // Sequences of 1 to 1500 keys in one launch of each kernel: on the decode kernel the short
+  // ones leave their later key splits empty.
+  for (int64_t max_keys : {kTensorCoreAttention, kDecodeKernelAttention}) {
+    DecodeAttentionKeys kernel(max_keys);
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " max_keys " << max_keys);
+    const BatchDecode b(128, 512, 64, {1, 5, 70, 300, 1500, 33}, seed);
+    b.expect_matches(b.run());
+    const BatchDecode tiny(16, 64, 16, {2, 40, 7}, seed + 1);
+    tiny.expect_matches(tiny.run());
+  }
 }
 
 TEST(CudaAttention, BatchedDecodeBeyondOneLaunchAndWithOtherLayouts) {

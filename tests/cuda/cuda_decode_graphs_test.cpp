@@ -63,20 +63,25 @@ TEST(CudaKvTable, AppendAndAttentionMatchTheCpu) {
   const Tensor q_lat = randn({B, H, TableCaches::kDc}, DType::kBF16, seed + 101);
   const Tensor q_pe = randn({B, H, TableCaches::kDr}, DType::kBF16, seed + 102);
   const float scale = 0.06f;
-  Tensor out = poisoned_gpu({B, H, TableCaches::kDc}, DType::kBF16);
-  ops::mla_attention_table(to_gpu(q_lat), to_gpu(q_pe), c.gpu_table, out, scale);
-  const Tensor got = fetch(out);
   Tensor cpu_out = Tensor::empty({B, H, TableCaches::kDc}, DType::kBF16);
   cpu_out.fill_nan_();
   ops::mla_attention_table(q_lat, q_pe, c.cpu_table, cpu_out, scale);
-  for (int64_t b = 0; b < B; ++b) {
-    const Tensor keys = c.cpu[b].slice(0, 0, lens[b] + 1);
-    const Tensor kv = keys.slice(1, 0, TableCaches::kDc).unsqueeze(1);
-    const auto ref = ref_attention(q_lat.slice(0, b, b + 1), q_pe.slice(0, b, b + 1), kv,
-                                   keys.slice(1, TableCaches::kDc, TableCaches::kWidth).unsqueeze(1), kv, scale, lens[b]);
-    const double tol = attention_tolerance(DType::kBF16, TableCaches::kWidth, lens[b] + 1);
-    EXPECT_LT(rel_error(got.slice(0, b, b + 1), ref), tol) << "sequence " << b;
-    EXPECT_LT(rel_error(got.slice(0, b, b + 1), to_doubles(cpu_out.slice(0, b, b + 1))), 2 * tol) << "sequence " << b;
+  for (int64_t max_keys : {kTensorCoreAttention, kDecodeKernelAttention}) {  // each attention kernel
+    DecodeAttentionKeys kernel(max_keys);
+    Tensor out = poisoned_gpu({B, H, TableCaches::kDc}, DType::kBF16);
+    ops::mla_attention_table(to_gpu(q_lat), to_gpu(q_pe), c.gpu_table, out, scale);
+    const Tensor got = fetch(out);
+    for (int64_t b = 0; b < B; ++b) {
+      const Tensor keys = c.cpu[b].slice(0, 0, lens[b] + 1);
+      const Tensor kv = keys.slice(1, 0, TableCaches::kDc).unsqueeze(1);
+      const auto ref = ref_attention(q_lat.slice(0, b, b + 1), q_pe.slice(0, b, b + 1), kv,
+                                     keys.slice(1, TableCaches::kDc, TableCaches::kWidth).unsqueeze(1), kv, scale,
+                                     lens[b]);
+      const double tol = attention_tolerance(DType::kBF16, TableCaches::kWidth, lens[b] + 1);
+      EXPECT_LT(rel_error(got.slice(0, b, b + 1), ref), tol) << "sequence " << b << ", max_keys " << max_keys;
+      EXPECT_LT(rel_error(got.slice(0, b, b + 1), to_doubles(cpu_out.slice(0, b, b + 1))), 2 * tol)
+          << "sequence " << b << ", max_keys " << max_keys;
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cuda/cta_trace.h"
+#include "backends/cuda/cuda_attention.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
@@ -22,6 +23,19 @@
   } while (0)
 
 namespace locus::testing {
+
+// Decode attention over at most `keys` keys on the CUDA-core decode kernel while it lives (0: the
+// tensor-core kernel for all), then the default again.
+class DecodeAttentionKeys {
+ public:
+  explicit DecodeAttentionKeys(int64_t keys) { cuda::set_attention_decode_max_keys(keys); }
+  ~DecodeAttentionKeys() { cuda::set_attention_decode_max_keys(-1); }
+  DecodeAttentionKeys(const DecodeAttentionKeys&) = delete;
+  DecodeAttentionKeys& operator=(const DecodeAttentionKeys&) = delete;
+};
+// Both kernels of decode attention, for tests that run each: the tensor-core one, then the
+// decode kernel at any key count (its key splits included).
+constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;
 
 inline Tensor to_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
 

@@ -88,6 +88,23 @@ void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_
 void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
 constexpr int kAttnMaxSplits = 256;
 
+// ---- decode kernel (CUDA cores): one query token per sequence over one shared latent head ----
+// MLA's absorbed decode at short contexts, where the tensor-core kernel's 64-row tiles leave
+// most SMs idle: a CTA takes kAttnDecodeHeads query heads of one sequence and one key split,
+// scores its keys (a warp per key), takes the softmax, and sums the values (a thread per pair of
+// value columns), in fp32. It writes `out` (one split) or the same partial sums and (max, sum)
+// as the tensor-core kernel's splits, for launch_attn_combine.
+constexpr int kAttnDecodeHeads = 4;
+constexpr int kAttnDecodeMaxDa = 512;        // k_a (and v) head dims
+constexpr int kAttnDecodeMaxDb = 64;         // k_b head dims
+constexpr int kAttnDecodeMaxSplitKeys = 512;  // keys of one split (shared-memory scores)
+// Whether the decode kernel takes `a`: one query token per sequence (T = 1), bf16 operands, k_a,
+// k_b and v one head shared by every query head, even head dims within the limits above, and
+// every pointer and stride whole 32-bit words (8 bytes for an fp32 output).
+bool attn_decode_applies(const MlaAttentionArgs& a);
+// split.split_keys <= kAttnDecodeMaxSplitKeys (any multiple of 1), split.splits <= kAttnMaxSplits.
+void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
+
 // ---- CUDA-core kernel: any dtypes and dims, one warp per (token, head) ----
 
 // Dynamic shared memory it needs (fp32 query and accumulator rows of its warps).

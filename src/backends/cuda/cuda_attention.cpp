@@ -6,12 +6,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/cublaslt_matmul.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kv_table.h"
+#include "backends/cuda/env_settings.h"
 #include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda {
@@ -19,6 +21,20 @@ namespace {
 
 // A split covers at least this many keys, so each CTA's query-row load is amortized.
 constexpr int64_t kMinKeysPerSplit = 2 * detail::kAttnTcKeys;
+// The decode kernel's splits cover at least this many keys.
+constexpr int64_t kDecodeMinSplitKeys = 128;
+// Decode over at most this many keys runs on the decode kernel (set_attention_decode_max_keys).
+constexpr int64_t kDecodeMaxKeysDefault = 512;
+std::atomic<int64_t> g_decode_max_keys{-1};  // -1: the default, or LOCUS_ATTN_DECODE_MAX_KEYS
+
+int64_t decode_max_keys() {
+  int64_t v = g_decode_max_keys.load();
+  if (v < 0) {
+    v = detail::env_int("LOCUS_ATTN_DECODE_MAX_KEYS", static_cast<int>(kDecodeMaxKeysDefault));
+    g_decode_max_keys.store(v < 0 ? kDecodeMaxKeysDefault : v);
+  }
+  return g_decode_max_keys.load();
+}
 
 detail::AttnOperand operand(const Tensor& t) {
   // A one-head operand is shared by every query head: head stride 0.
@@ -88,10 +104,10 @@ int tc_smem_fitting(const detail::MlaAttentionArgs& a, int device) {
   return tc_smem > 0 && tc_smem <= device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin) ? tc_smem : 0;
 }
 
-// The tensor-core kernel over `keys` keys at most, then the combine of its key splits.
-void run_tc(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
-  detail::AttnSplit sp = plan_splits(a, keys, s, device);
-  if (sp.splits == 1) return detail::launch_attn_tc(a, sp, tc_smem, s);
+// Runs `launch` with the split plan `sp`, then the combine of its key splits when there are several.
+template <typename Launch>
+void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t s, Launch launch) {
+  if (sp.splits == 1) return launch(sp);
   // [sequences][splits][T*H] slots of Dv partial sums, then of (max, sum).
   const size_t partial_floats =
       static_cast<size_t>(std::max(a.num_seqs, 1)) * static_cast<size_t>(sp.splits) * static_cast<size_t>(a.T * a.H);
@@ -99,9 +115,34 @@ void run_tc(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t
       detail::scratch_alloc(partial_floats * (static_cast<size_t>(a.Dv) + 2) * sizeof(float), s));
   sp.partial_o = scratch;
   sp.partial_ml = scratch + partial_floats * static_cast<size_t>(a.Dv);
-  detail::launch_attn_tc(a, sp, tc_smem, s);
+  launch(sp);
   detail::launch_attn_combine(a, sp, s);
   detail::scratch_free(scratch, s);
+}
+
+// The decode kernel's key splits: enough CTAs for two per SM of the stream's partition (or the
+// device), each split at least kDecodeMinSplitKeys keys (a split more costs the combine).
+detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t keys, cudaStream_t stream,
+                                     int device) {
+  const int64_t ctas = ceil_div(a.H, detail::kAttnDecodeHeads) * std::max(a.num_seqs, 1);
+  int sms = detail::partition_stream_sm_count(stream);
+  if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
+  const int64_t fill = std::max<int64_t>(1, ceil_div(2 * static_cast<int64_t>(sms), ctas));
+  detail::AttnSplit sp;
+  sp.split_keys = std::min<int64_t>(std::max(kDecodeMinSplitKeys, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
+  sp.splits = static_cast<int>(ceil_div(keys, sp.split_keys));
+  return sp;
+}
+
+// The kernel for `a` over `keys` keys at most: the decode kernel where it applies and the keys are
+// few (decode_max_keys), else the tensor-core one (tc_smem: its shared memory, tc_smem_fitting).
+void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
+  if (keys <= decode_max_keys() && detail::attn_decode_applies(a)) {
+    return run_splits(a, plan_decode_splits(a, keys, s, device), s,
+                      [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); });
+  }
+  run_splits(a, plan_splits(a, keys, s, device), s,
+             [&](const detail::AttnSplit& sp) { detail::launch_attn_tc(a, sp, tc_smem, s); });
 }
 
 // Element offset of `t`'s data from `base`'s (both bf16 views of device memory), when whole.
@@ -132,6 +173,8 @@ bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_d
 
 }  // namespace
 
+void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.store(keys < 0 ? -1 : keys); }
+
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream) {
   const char* op = "cuda::mla_attention";
@@ -141,7 +184,7 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
   const int device = q_a.device().index;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   detail::MlaAttentionArgs a = make_args(q_a, q_b, k_a, k_b, v, out, scale, q_start);
-  if (const int tc_smem = tc_smem_fitting(a, device)) return run_tc(a, a.q_start + a.T, tc_smem, s, device);
+  if (const int tc_smem = tc_smem_fitting(a, device)) return run(a, a.q_start + a.T, tc_smem, s, device);
   const int simt_smem = detail::attn_simt_smem_bytes(a);
   const int smem_limit = device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin);
   LOCUS_CHECK(simt_smem <= smem_limit, op, ": head dims ", a.Da, " + ", a.Db, " and ", a.Dv, " need ", simt_smem,
@@ -186,7 +229,7 @@ void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector
       keys_max = std::max(keys_max, k_a.size(0));
     }
     a.S = keys_max;
-    run_tc(a, keys_max, tc_smem, s, device);
+    run(a, keys_max, tc_smem, s, device);
   }
 }
 
@@ -220,7 +263,7 @@ void mla_attention_table(const Tensor& q_a, const Tensor& q_b, const ops::KvTabl
     a.table_lengths = table.lengths.data<int32_t>() + first;
     const int tc_smem = tc_smem_fitting(a, device);
     LOCUS_CHECK(tc_smem > 0, op, ": head dims ", a.Da, " + ", a.Db, " have no tensor-core kernel on this device");
-    run_tc(a, table.max_keys, tc_smem, s, device);
+    run(a, table.max_keys, tc_smem, s, device);
   }
 }
 

@@ -21,4 +21,10 @@ void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, cons
 void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector<ops::AttentionKeys>& keys,
                          const Tensor& out, float scale, void* stream);
 
+// Decode attention (one query token per sequence over one shared latent head) over at most
+// `keys` keys runs on the CUDA-core decode kernel, longer on the tensor-core one; 0 sends all to
+// the tensor-core kernel, -1 restores the default (512, or LOCUS_ATTN_DECODE_MAX_KEYS). For tests
+// and benchmarks; a graph keeps the kernel chosen when it was captured.
+void set_attention_decode_max_keys(int64_t keys);
+
 }  // namespace locus::cuda

@@ -117,5 +117,8 @@ void set_nvfp4_row_block_launches(bool on);
 // join: `origin` waits for the work queued so far on every stream in `targets`.
 void fork_streams(void* origin, const std::vector<void*>& targets);
 void join_streams(void* origin, const std::vector<void*>& targets);
+// The device's side stream (ops::SideStream): non-blocking, made on first use (in relaxed capture
+// mode, so a first use inside a capture is legal), kept for the process.
+void* side_stream(int device_index);
 
 }  // namespace locus::cuda

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/capture_state.h"
@@ -70,6 +71,24 @@ void join_streams(void* origin, const std::vector<void*>& targets) {
     LOCUS_CUDA_CHECK(cudaEventRecord(e, as_stream(t)));
     LOCUS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(origin), e, 0));
   }
+}
+
+void* side_stream(int device_index) {
+  static std::mutex mu;
+  static std::vector<cudaStream_t> streams;  // per device; never destroyed (graphs may hold them)
+  std::lock_guard<std::mutex> lock(mu);
+  if (device_index >= static_cast<int>(streams.size())) streams.resize(static_cast<size_t>(device_index) + 1);
+  cudaStream_t& s = streams[static_cast<size_t>(device_index)];
+  if (s == nullptr) {
+    use_device(device_index);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    LOCUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) s = nullptr;
+    LOCUS_CUDA_CHECK_NAMED(err, "creating the side stream of cuda:" + std::to_string(device_index));
+  }
+  return s;
 }
 
 void* create_capture_stream(int device_index) {

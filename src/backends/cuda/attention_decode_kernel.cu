@@ -1,0 +1,254 @@
+// MLA's absorbed decode attention on CUDA cores (attention_kernels.h): one query token per
+// sequence, every query head over one shared latent head (k_a = the latent, k_b = the rope key,
+// v = the latent again).
+//
+// Why: at short contexts a decode step's attention is latency, not bandwidth. The tensor-core
+// kernel packs 64 query rows in a CTA, so one sequence of 128 heads is 2 CTAs walking every key;
+// here a CTA takes 4 heads (32 CTAs a sequence) and a key split, and every step is short:
+//   (1) scores: warp w takes keys w, w + 8, ...; lane l reads words l, l + 32, ... of the key
+//       row (bf16 pairs) and multiplies them with its 4 heads' query words, kept in registers as
+//       fp32; the 4 dot products are summed over the lanes in one spread reduction (6 shuffles,
+//       a fixed order: deterministic), leaving each head's sum in 8 lanes;
+//   (2) softmax: warp h takes head h's scores (log2 domain), its max, the probabilities and
+//       their sum in fp32;
+//   (3) values: thread t owns value words t, t + 256, ... and sums p * v over the split's keys
+//       for the 4 heads (the value rows are the key rows already read, now from L1/L2).
+// One split writes out = sum / l; several write unnormalized sums and (max, sum) in the
+// tensor-core kernel's partial layout, merged by its combine kernel.
+#include <cuda_bf16.h>
+
+#include "backends/cuda/attention_kernels.h"
+#include "backends/cuda/attention_seq.cuh"
+#include "backends/cuda/cuda_check.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int HB = kAttnDecodeHeads;
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWordsA = kAttnDecodeMaxDa / 2 / 32;  // k_a words a lane reads of a key row
+constexpr int kWordsB = kAttnDecodeMaxDb / 2 / 32;  // k_b words
+constexpr int kLanesPerHead = 32 / HB;              // lanes holding one head's score after (1)
+constexpr int kKeysInFlight = 2;                    // key rows a warp loads before it reduces
+constexpr int kValueUnroll = 4;                     // value rows a thread loads at once in (3)
+static_assert(HB == 4, "the value step reads a key's probabilities as one float4");
+
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+// v[0..N) summed over the warp's lanes; returns, in lane l, the sum of v[l / (32 / N)]. The
+// first log2(N) exchange steps halve the values each lane carries, the rest add within groups
+// of 32 / N lanes: 6 shuffles for N = 4 (20 for separate butterflies). Fixed order.
+template <int N>
+__device__ __forceinline__ float warp_sum_spread(float (&v)[N], int lane) {
+  int n = N;
+#pragma unroll
+  for (int o = 16; o >= 32 / N; o /= 2, n /= 2) {
+    const bool upper = (lane & o) != 0;  // keeps the upper half of its values
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      if (i < n / 2) {
+        const float send = upper ? v[i] : v[i + n / 2];
+        const float keep = upper ? v[i + n / 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+      }
+    }
+  }
+  float s = v[0];
+#pragma unroll
+  for (int o = 16 / N; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+__device__ __forceinline__ const uint32_t* words(const void* base, int64_t element_offset) {
+  return reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(base) + element_offset);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_constant__ MlaAttentionArgs a,
+                                                                   AttnSplit sp) {
+  __shared__ float scores[HB][kAttnDecodeMaxSplitKeys];
+  __shared__ __align__(16) float probs[kAttnDecodeMaxSplitKeys][HB];
+  __shared__ float row_max[HB], row_sum[HB];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const AttnSeqOperands so = seq_operands(a, static_cast<int>(blockIdx.z));
+  const int h0 = static_cast<int>(blockIdx.x) * HB;
+  const int64_t keys = so.q_start + 1;  // the query is the sequence's last key
+  const int64_t key_lo = static_cast<int64_t>(blockIdx.y) * sp.split_keys;
+  const int n = static_cast<int>(keys - key_lo < 0 ? 0 : keys - key_lo < sp.split_keys ? keys - key_lo : sp.split_keys);
+  const int wa = a.Da / 2, wb = a.Db / 2, wv = a.Dv / 2;
+  const float scale_log2 = a.scale * kAttnLog2e;
+
+  // (1) scores. The 4 heads' query words this lane multiplies, fp32 (zeros past the dims and
+  // for heads past H).
+  float2 qa[HB][kWordsA], qb[HB][kWordsB];
+#pragma unroll
+  for (int h = 0; h < HB; ++h) {
+    const bool head = h0 + h < a.H;
+    const uint32_t* ra = words(so.q_a.ptr, (h0 + h) * so.q_a.head_stride);
+    const uint32_t* rb = words(so.q_b.ptr, (h0 + h) * so.q_b.head_stride);
+#pragma unroll
+    for (int i = 0; i < kWordsA; ++i) {
+      const int w = lane + 32 * i;
+      qa[h][i] = head && w < wa ? unpack_bf16x2(ra[w]) : make_float2(0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < kWordsB; ++i) {
+      const int w = lane + 32 * i;
+      qb[h][i] = head && w < wb ? unpack_bf16x2(rb[w]) : make_float2(0.f, 0.f);
+    }
+  }
+  for (int j0 = warp; j0 < n; j0 += kWarps * kKeysInFlight) {
+    uint32_t ka[kKeysInFlight][kWordsA], kb[kKeysInFlight][kWordsB];
+#pragma unroll
+    for (int u = 0; u < kKeysInFlight; ++u) {
+      const int j = j0 + u * kWarps;
+      const int64_t key = key_lo + (j < n ? j : 0);
+      const uint32_t* ra = words(so.k_a.ptr, key * so.k_a.row_stride);
+      const uint32_t* rb = words(so.k_b.ptr, key * so.k_b.row_stride);
+#pragma unroll
+      for (int i = 0; i < kWordsA; ++i) ka[u][i] = j < n && lane + 32 * i < wa ? ra[lane + 32 * i] : 0u;
+#pragma unroll
+      for (int i = 0; i < kWordsB; ++i) kb[u][i] = j < n && lane + 32 * i < wb ? rb[lane + 32 * i] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kKeysInFlight; ++u) {
+      const int j = j0 + u * kWarps;
+      if (j >= n) break;  // the same for the whole warp
+      float dot[HB];
+#pragma unroll
+      for (int h = 0; h < HB; ++h) dot[h] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kWordsA; ++i) {
+        const float2 k = unpack_bf16x2(ka[u][i]);
+#pragma unroll
+        for (int h = 0; h < HB; ++h) dot[h] = fmaf(qa[h][i].y, k.y, fmaf(qa[h][i].x, k.x, dot[h]));
+      }
+#pragma unroll
+      for (int i = 0; i < kWordsB; ++i) {
+        const float2 k = unpack_bf16x2(kb[u][i]);
+#pragma unroll
+        for (int h = 0; h < HB; ++h) dot[h] = fmaf(qb[h][i].y, k.y, fmaf(qb[h][i].x, k.x, dot[h]));
+      }
+      const float s = warp_sum_spread<HB>(dot, lane);
+      if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][j] = s * scale_log2;
+    }
+  }
+  __syncthreads();
+
+  // (2) softmax of each head's scores in this split.
+  if (warp < HB) {
+    float m = -INFINITY;
+    for (int j = lane; j < n; j += 32) m = fmaxf(m, scores[warp][j]);
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float l = 0.f;
+    for (int j = lane; j < n; j += 32) {
+      const float p = exp2f(scores[warp][j] - m);
+      probs[j][warp] = p;
+      l += p;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) {
+      row_max[warp] = m;
+      row_sum[warp] = l;
+    }
+  }
+  __syncthreads();
+
+  // (3) values: sum over the split's keys of p * v, per value word, for the 4 heads.
+  const int64_t TH = a.T * a.H;
+  const int64_t split_index = static_cast<int64_t>(blockIdx.z) * sp.splits + blockIdx.y;
+  const int64_t v_row_words = so.v.row_stride / 2;
+  for (int w = threadIdx.x; w < wv; w += kThreads) {
+    float2 acc[HB];
+#pragma unroll
+    for (int h = 0; h < HB; ++h) acc[h] = make_float2(0.f, 0.f);
+    const uint32_t* col = words(so.v.ptr, key_lo * so.v.row_stride) + w;
+    int j = 0;
+    for (; j + kValueUnroll <= n; j += kValueUnroll) {
+      uint32_t vw[kValueUnroll];
+#pragma unroll
+      for (int u = 0; u < kValueUnroll; ++u) vw[u] = col[(j + u) * v_row_words];
+#pragma unroll
+      for (int u = 0; u < kValueUnroll; ++u) {
+        const float2 v = unpack_bf16x2(vw[u]);
+        const float4 p = *reinterpret_cast<const float4*>(probs[j + u]);
+        const float ps[HB] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int h = 0; h < HB; ++h) acc[h] = make_float2(fmaf(ps[h], v.x, acc[h].x), fmaf(ps[h], v.y, acc[h].y));
+      }
+    }
+    for (; j < n; ++j) {
+      const float2 v = unpack_bf16x2(col[j * v_row_words]);
+      const float4 p = *reinterpret_cast<const float4*>(probs[j]);
+      const float ps[HB] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+      for (int h = 0; h < HB; ++h) acc[h] = make_float2(fmaf(ps[h], v.x, acc[h].x), fmaf(ps[h], v.y, acc[h].y));
+    }
+#pragma unroll
+    for (int h = 0; h < HB; ++h) {
+      const int head = h0 + h;
+      if (head >= a.H) break;
+      if (sp.splits == 1) {
+        const float inv = 1.f / row_sum[h];
+        const int64_t off = head * a.out_head_stride + 2 * w;  // token 0 of the sequence's rows
+        if (a.out_f32) {
+          *reinterpret_cast<float2*>(static_cast<float*>(so.out) + off) = make_float2(acc[h].x * inv, acc[h].y * inv);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(so.out) + off) =
+              __floats2bfloat162_rn(acc[h].x * inv, acc[h].y * inv);
+        }
+      } else {
+        *reinterpret_cast<float2*>(sp.partial_o + (split_index * TH + head) * a.Dv + 2 * w) = acc[h];
+      }
+    }
+  }
+  if (sp.splits > 1 && threadIdx.x < HB && h0 + static_cast<int>(threadIdx.x) < a.H) {
+    float* ml = sp.partial_ml + (split_index * TH + h0 + threadIdx.x) * 2;
+    ml[0] = row_max[threadIdx.x];  // -inf with l = 0 where the split holds none of the keys
+    ml[1] = row_sum[threadIdx.x];
+  }
+}
+
+bool whole_words(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+bool attn_decode_applies(const MlaAttentionArgs& a) {
+  if (a.T != 1 || a.per_head_groups || a.H > 0x7fffffff) return false;
+  if (a.Da % 2 || a.Db % 2 || a.Dv % 2 || a.Da > kAttnDecodeMaxDa || a.Db > kAttnDecodeMaxDb ||
+      a.Dv > kAttnDecodeMaxDa)
+    return false;
+  const bool table_or_batch = a.num_seqs > 0;
+  for (const AttnOperand* o : {&a.q_a, &a.q_b, &a.k_a, &a.k_b, &a.v}) {
+    if (o->f32 || o->row_stride % 2 || o->head_stride % 2) return false;
+    // A table's or a batch's key pointers stand in for k_a, k_b and v (checked below).
+    const bool key_operand = o == &a.k_a || o == &a.k_b || o == &a.v;
+    if (!(key_operand && table_or_batch) && !whole_words(o->ptr, 4)) return false;
+  }
+  if (a.out_row_stride % 2 || a.out_head_stride % 2 || !whole_words(a.out, a.out_f32 ? 8 : 4)) return false;
+  if (table_or_batch) {
+    if (a.k_b_delta % 2 || a.v_delta % 2) return false;
+    // A table's rows are cache blocks (whole allocations); a batch's are checked here.
+    if (a.table_rows == nullptr)
+      for (int i = 0; i < a.num_seqs; ++i)
+        if (!whole_words(a.seq_k_a[i], 4)) return false;
+  }
+  return true;
+}
+
+void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream) {
+  const int64_t groups = (a.H + HB - 1) / HB;
+  LOCUS_CHECK(split.splits >= 1 && split.splits <= kAttnMaxSplits && split.split_keys >= 1 &&
+                  split.split_keys <= kAttnDecodeMaxSplitKeys,
+              "MLA decode attention: ", split.splits, " key splits of ", split.split_keys, " keys do not fit the kernel");
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(split.splits),
+                  static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
+  attn_decode_kernel<<<grid, kThreads, 0, stream>>>(a, split);
+  LOCUS_CUDA_CHECK_LAUNCH("MLA decode attention kernel launch");
+}
+
+}  // namespace locus::cuda::detail
