@@ -1,5 +1,8 @@
 #include "ops/side_stream.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/device_hooks.h"
 #include "core/error.h"
 #if defined(LOCUS_WITH_CUDA)
@@ -8,8 +11,21 @@
 
 namespace locus::ops {
 
+namespace {
+
+// LOCUS_SIDE_STREAM=0 queues side work on the caller's stream (an A/B switch; read once).
+bool side_streams_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("LOCUS_SIDE_STREAM");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return on;
+}
+
+}  // namespace
+
 SideStream::SideStream(const Stream& caller) : caller_(caller), side_(caller) {
-  if (caller.device.is_cpu()) return;
+  if (caller.device.is_cpu() || !side_streams_on()) return;
 #if defined(LOCUS_WITH_CUDA)
   side_ = Stream{caller.device, cuda::side_stream(caller.device.index)};
   cuda::fork_streams(caller.native, {side_.native});

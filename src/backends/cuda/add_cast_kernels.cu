@@ -26,6 +26,7 @@ struct ElementwiseArgs {
 
 template <class AT, class BT, class YT, bool kAdd, int V>
 __global__ void elementwise_kernel(ElementwiseArgs p) {
+  small_op_start();
   constexpr bool kVector = V > 1;
   const auto* a = static_cast<const typename AT::Storage*>(p.a);
   const auto* b = static_cast<const typename BT::Storage*>(p.b);
@@ -82,8 +83,8 @@ template <class AT, class BT, class YT, bool kAdd>
 void launch(const ElementwiseArgs& p, bool vec, cudaStream_t s) {
   const int threads = 256;
   const int blocks = grid_blocks((p.total_packs + threads - 1) / threads, 4096);
-  if (vec) elementwise_kernel<AT, BT, YT, kAdd, kVec><<<blocks, threads, 0, s>>>(p);
-  else elementwise_kernel<AT, BT, YT, kAdd, 1><<<blocks, threads, 0, s>>>(p);
+  if (vec) launch_small_op(elementwise_kernel<AT, BT, YT, kAdd, kVec>, blocks, threads, 0, s, "elementwise kernel launch", p);
+  else launch_small_op(elementwise_kernel<AT, BT, YT, kAdd, 1>, blocks, threads, 0, s, "elementwise kernel launch", p);
 }
 
 }  // namespace

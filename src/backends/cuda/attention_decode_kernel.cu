@@ -20,6 +20,7 @@
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/attention_seq.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/small_ops_launch.cuh"
 
 namespace locus::cuda::detail {
 namespace {
@@ -68,6 +69,7 @@ __device__ __forceinline__ const uint32_t* words(const void* base, int64_t eleme
 
 __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_constant__ MlaAttentionArgs a,
                                                                    AttnSplit sp) {
+  small_op_start();
   __shared__ float scores[HB][kAttnDecodeMaxSplitKeys];
   __shared__ __align__(16) float probs[kAttnDecodeMaxSplitKeys][HB];
   __shared__ float row_max[HB], row_sum[HB];
@@ -247,8 +249,7 @@ void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaS
               "MLA decode attention: ", split.splits, " key splits of ", split.split_keys, " keys do not fit the kernel");
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(split.splits),
                   static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
-  attn_decode_kernel<<<grid, kThreads, 0, stream>>>(a, split);
-  LOCUS_CUDA_CHECK_LAUNCH("MLA decode attention kernel launch");
+  launch_small_op(attn_decode_kernel, grid, kThreads, 0, stream, "MLA decode attention kernel launch", a, split);
 }
 
 }  // namespace locus::cuda::detail

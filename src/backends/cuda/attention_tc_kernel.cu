@@ -30,6 +30,7 @@
 #include "backends/cuda/attention_seq.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/mma_fragments.cuh"
+#include "backends/cuda/small_ops_launch.cuh"
 
 namespace locus::cuda::detail {
 namespace {
@@ -135,6 +136,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float x, float y) {
 template <int DVS>
 __global__ void __launch_bounds__(kRowGroups * DVS * 32)
     attn_tc_kernel(const __grid_constant__ MlaAttentionArgs a, AttnSplit sp) {
+  small_op_start();
   constexpr int kWarps = kRowGroups * DVS;
   constexpr int kThreads = kWarps * 32;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -408,6 +410,7 @@ __global__ void __launch_bounds__(kRowGroups * DVS * 32)
 
 // out[t, h, :] from the splits' partial sums: weights 2^(m_z - max m), in split order.
 __global__ void __launch_bounds__(128) attn_combine_kernel(const __grid_constant__ MlaAttentionArgs a, AttnSplit sp) {
+  small_op_start();
   __shared__ float w_s[kAttnMaxSplits];
   __shared__ float inv_l;
   const int64_t TH = a.T * a.H, row = blockIdx.x;  // row = t * H + h of sequence blockIdx.y
@@ -490,20 +493,19 @@ void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(split.splits),
                   static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
   const dim3 block(kRowGroups * parts * 32);
+  constexpr const char* kWhat = "MLA attention (tensor-core) kernel launch";
   switch (parts) {
-    case 1: attn_tc_kernel<1><<<grid, block, smem_bytes, stream>>>(a, split); break;
-    case 2: attn_tc_kernel<2><<<grid, block, smem_bytes, stream>>>(a, split); break;
-    default: attn_tc_kernel<4><<<grid, block, smem_bytes, stream>>>(a, split); break;
+    case 1: launch_small_op(attn_tc_kernel<1>, grid, block, smem_bytes, stream, kWhat, a, split); break;
+    case 2: launch_small_op(attn_tc_kernel<2>, grid, block, smem_bytes, stream, kWhat, a, split); break;
+    default: launch_small_op(attn_tc_kernel<4>, grid, block, smem_bytes, stream, kWhat, a, split); break;
   }
-  LOCUS_CUDA_CHECK_LAUNCH("MLA attention (tensor-core) kernel launch");
 }
 
 void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream) {
   const int64_t rows = a.T * a.H;
   LOCUS_CHECK(rows <= 0x7fffffff, "MLA attention: ", rows, " (token, head) rows do not fit one launch");
   const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
-  attn_combine_kernel<<<grid, 128, 0, stream>>>(a, split);
-  LOCUS_CUDA_CHECK_LAUNCH("MLA attention split-combine kernel launch");
+  launch_small_op(attn_combine_kernel, grid, 128, 0, stream, "MLA attention split-combine kernel launch", a, split);
 }
 
 }  // namespace locus::cuda::detail

@@ -27,4 +27,8 @@ struct DependentLaunch {
   DependentLaunch& operator=(const DependentLaunch&) = delete;
 };
 
+// Whether the small ops (launch_small_op) launch as programmatic dependents: on unless
+// LOCUS_SMALL_OPS_PDL=0 (read once).
+bool small_op_overlap();
+
 }  // namespace locus::cuda::detail

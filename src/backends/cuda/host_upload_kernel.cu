@@ -13,6 +13,7 @@ namespace {
 
 template <typename V>
 __global__ void host_copy_kernel(const V* __restrict__ src, V* __restrict__ dst, int64_t n) {
+  detail::small_op_start();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dst[i] = __ldcv(src + i);
@@ -23,8 +24,8 @@ void launch_copy(const void* src, void* dst, size_t bytes, cudaStream_t stream) 
   const int64_t n = static_cast<int64_t>(bytes / sizeof(V));
   constexpr int kThreads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 64));
-  host_copy_kernel<V><<<blocks, kThreads, 0, stream>>>(static_cast<const V*>(src), static_cast<V*>(dst), n);
-  LOCUS_CUDA_CHECK_LAUNCH("host upload kernel launch");
+  detail::launch_small_op(host_copy_kernel<V>, blocks, kThreads, 0, stream, "host upload kernel launch", static_cast<const V*>(src),
+                          static_cast<V*>(dst), n);
 }
 
 }  // namespace

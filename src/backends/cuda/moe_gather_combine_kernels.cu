@@ -65,6 +65,7 @@ __device__ __forceinline__ float load_f(const void* p, int64_t idx, bool f32) {
 
 // grid.x: tokens (striding), grid.y: column blocks of kThreads.
 __global__ void __launch_bounds__(kThreads) combine_kernel(MoeCombineArgs a) {
+  small_op_start();
   const int64_t c = static_cast<int64_t>(blockIdx.y) * kThreads + threadIdx.x;
   if (c >= a.hidden) return;
   for (int64_t t = blockIdx.x; t < a.tokens; t += gridDim.x) {
@@ -131,8 +132,7 @@ void moe_combine(const Tensor& expert_out, const Tensor& slot, const Tensor& wei
   a.hidden = y.size(1);
   a.top_k = static_cast<int>(slot.size(1));
   const dim3 grid(static_cast<unsigned>(grid_blocks(a.tokens, 65536)), static_cast<unsigned>(col_blocks));
-  combine_kernel<<<grid, kThreads, 0, as_stream(stream)>>>(a);
-  LOCUS_CUDA_CHECK_LAUNCH("moe_combine kernel launch");
+  launch_small_op(combine_kernel, grid, kThreads, 0, as_stream(stream), "moe_combine kernel launch", a);
 }
 
 }  // namespace locus::cuda

@@ -124,6 +124,7 @@ __device__ void limit_groups(const MoeRouteArgs& a, float* sel, int lane) {
 }
 
 __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteArgs a) {
+  small_op_start();
   extern __shared__ float scores[];  // per warp: s [E], sel [E]
   __shared__ int chosen[kWarps][32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -194,8 +195,8 @@ void moe_route(const Tensor& logits, const Tensor& correction_bias, const ops::M
   a.routed_scaling_factor = cfg.routed_scaling_factor;
   const size_t smem = static_cast<size_t>(kWarps) * 2 * a.experts * sizeof(float);
   // The kernel strides over the tokens beyond the grid.
-  moe_route_kernel<<<grid_blocks((a.tokens + kWarps - 1) / kWarps), kWarps * 32, smem, as_stream(stream)>>>(a);
-  LOCUS_CUDA_CHECK_LAUNCH("moe_route kernel launch");
+  launch_small_op(moe_route_kernel, grid_blocks((a.tokens + kWarps - 1) / kWarps), kWarps * 32, smem, as_stream(stream),
+                  "moe_route kernel launch", a);
 }
 
 }  // namespace locus::cuda

@@ -26,6 +26,7 @@ struct RmsnormArgs {
 
 template <class XT, class WT, class YT, int V>
 __global__ void rmsnorm_kernel(RmsnormArgs a) {
+  small_op_start();
   constexpr bool kVector = V > 1;
   __shared__ float scratch[32];
   using XS = typename XT::Storage;
@@ -72,6 +73,7 @@ struct EmbeddingArgs {
 
 template <class TT, class YT, class Id, int V>
 __global__ void embedding_kernel(EmbeddingArgs a) {
+  small_op_start();
   constexpr bool kVector = V > 1;
   using TS = typename TT::Storage;
   using YS = typename YT::Storage;
@@ -123,8 +125,8 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, 
         using XT = decltype(xt);
         using WT = decltype(wt);
         using YT = decltype(yt);
-        if (vec) rmsnorm_kernel<XT, WT, YT, kVec><<<grid_blocks(a.num_rows), threads, 0, s>>>(a);
-        else rmsnorm_kernel<XT, WT, YT, 1><<<grid_blocks(a.num_rows), threads, 0, s>>>(a);
+        if (vec) launch_small_op(rmsnorm_kernel<XT, WT, YT, kVec>, grid_blocks(a.num_rows), threads, 0, s, "rmsnorm kernel launch", a);
+        else launch_small_op(rmsnorm_kernel<XT, WT, YT, 1>, grid_blocks(a.num_rows), threads, 0, s, "rmsnorm kernel launch", a);
       });
     });
   });
@@ -153,8 +155,8 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, void* st
       using YT = decltype(yt);
       auto launch = [&](auto id_tag) {
         using Id = decltype(id_tag);
-        if (vec) embedding_kernel<TT, YT, Id, kVec><<<grid_blocks(a.tokens), threads, 0, s>>>(a);
-        else embedding_kernel<TT, YT, Id, 1><<<grid_blocks(a.tokens), threads, 0, s>>>(a);
+        if (vec) launch_small_op(embedding_kernel<TT, YT, Id, kVec>, grid_blocks(a.tokens), threads, 0, s, "embedding kernel launch", a);
+        else launch_small_op(embedding_kernel<TT, YT, Id, 1>, grid_blocks(a.tokens), threads, 0, s, "embedding kernel launch", a);
       };
       if (ids.dtype() == DType::kI32) launch(int32_t{});
       else launch(int64_t{});

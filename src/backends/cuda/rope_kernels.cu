@@ -27,6 +27,7 @@ struct RopeArgs {
 
 template <class XT, class Pos, bool kInterleaved, int P>
 __global__ void rope_kernel(RopeArgs a) {
+  small_op_start();
   constexpr bool kVector = P > 1;
   using XS = typename XT::Storage;
   const int64_t total = a.tokens * a.heads * a.units_per_head;
@@ -80,7 +81,8 @@ void launch(RopeArgs a, cudaStream_t s) {
   a.units_per_head = a.half / P;
   const int threads = 256;
   const int64_t units = a.tokens * a.heads * a.units_per_head;
-  rope_kernel<XT, Pos, kInterleaved, P><<<grid_blocks((units + threads - 1) / threads, 4096), threads, 0, s>>>(a);
+  launch_small_op(rope_kernel<XT, Pos, kInterleaved, P>, grid_blocks((units + threads - 1) / threads, 4096), threads, 0, s,
+                  "rope kernel launch", a);
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // Launch helpers shared by the small-op kernels: the stream handle, the current device, block
 // and grid sizes, and warp / block sums with a fixed reduction order (deterministic results).
 #pragma once
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/grid_dependency.cuh"
 #include "core/tensor.h"
 
 namespace locus::cuda::detail {
@@ -31,6 +34,16 @@ inline int block_threads(int64_t items, int max_threads) {
 // Blocks for `units` independent units (kernels loop with a grid stride beyond the cap).
 inline int grid_blocks(int64_t units, int64_t cap = int64_t{1} << 20) {
   return static_cast<int>(std::clamp<int64_t>(units, 1, cap));
+}
+
+// Launches a kernel whose first statement is small_op_start() (grid_dependency.cuh) as a
+// programmatic dependent launch, so that its CTAs are scheduled while the kernel before it
+// finishes (LOCUS_SMALL_OPS_PDL=0: plain stream order, small_op_overlap()).
+template <typename... Params, typename... Args>
+void launch_small_op(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                     const char* what, Args&&... args) {
+  DependentLaunch launch(grid, block, smem_bytes, stream, small_op_overlap());
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...), what);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

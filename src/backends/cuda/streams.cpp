@@ -10,6 +10,8 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/env_settings.h"
 
 namespace locus::cuda {
 namespace {
@@ -71,6 +73,11 @@ void join_streams(void* origin, const std::vector<void*>& targets) {
     LOCUS_CUDA_CHECK(cudaEventRecord(e, as_stream(t)));
     LOCUS_CUDA_CHECK(cudaStreamWaitEvent(as_stream(origin), e, 0));
   }
+}
+
+bool detail::small_op_overlap() {
+  static detail::EnvToggle toggle("LOCUS_SMALL_OPS_PDL", /*default_on=*/true);
+  return toggle.on();
 }
 
 void* side_stream(int device_index) {

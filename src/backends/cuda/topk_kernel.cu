@@ -153,6 +153,7 @@ __device__ void bitonic_sort_desc(const Seq& seq, int64_t n) {
 
 template <class XT, class Id, int V>
 __global__ void topk_kernel(TopkArgs a) {
+  small_op_start();
   extern __shared__ uint64_t shared_keys[];  // k keys when k <= kSharedSortMax
   __shared__ unsigned hist[256];
   __shared__ SelectState st;
@@ -246,8 +247,8 @@ void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indice
     const int threads = in_shared ? block_threads((n + (vec ? kVec : 1) - 1) / (vec ? kVec : 1), 1024) : 1024;
     auto launch = [&](auto id_tag) {
       using Id = decltype(id_tag);
-      if (vec) topk_kernel<XT, Id, kVec><<<grid_blocks(a.num_rows), threads, shared_bytes, s>>>(a);
-      else topk_kernel<XT, Id, 1><<<grid_blocks(a.num_rows), threads, shared_bytes, s>>>(a);
+      if (vec) launch_small_op(topk_kernel<XT, Id, kVec>, grid_blocks(a.num_rows), threads, shared_bytes, s, "topk kernel launch", a);
+      else launch_small_op(topk_kernel<XT, Id, 1>, grid_blocks(a.num_rows), threads, shared_bytes, s, "topk kernel launch", a);
     };
     if (indices.dtype() == DType::kI32) launch(int32_t{});
     else launch(int64_t{});

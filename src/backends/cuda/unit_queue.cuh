@@ -4,15 +4,10 @@
 #pragma once
 #include <cstdint>
 
+#include "backends/cuda/grid_dependency.cuh"  // launch_dependents, wait_for_previous_grid
 #include "backends/cuda/stream_gemm_rules.h"  // stream_k_unit_of, stream_k_range
 
 namespace locus::cuda::detail {
-
-// Programmatic dependent launch (sm_90): let the next kernel in the stream start launching (its
-// CTAs become resident as ours leave), and wait until the previous one has finished and its
-// writes are visible (immediate when it has, or when the launch was not programmatic).
-__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
-__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // Thread 0's source of units: each domain's counter hands out the domain's units in order (after
 // the first total_ctas when they were taken statically). A CTA stops once every domain has
