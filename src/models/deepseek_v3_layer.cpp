@@ -196,8 +196,7 @@ void DecoderLayer::forward_around(const Tensor& x, const Tensor& h, const Tensor
   }
   {
     HostProfileScope profile("norms and residuals");
-    ops::add(x, a, x, stream);
-    post_attention_layernorm_->forward(x, h, stream);
+    post_attention_layernorm_->add_forward(x, a, h, stream);  // x += a, h = norm(x): one kernel
   }
   if (moe_) {
     HostProfileScope profile("moe");

@@ -77,6 +77,11 @@ void RMSNorm::forward(const Tensor& x, const Tensor& y, const Stream& stream) co
   ops::rmsnorm(x, weight_, eps_, y, stream);
 }
 
+void RMSNorm::add_forward(const Tensor& x, const Tensor& r, const Tensor& y, const Stream& stream) const {
+  LOCUS_CHECK(weight_.defined(), "RMSNorm '", name(), "': forward() before 'weight' was loaded");
+  ops::add_rmsnorm(x, r, weight_, eps_, y, stream);
+}
+
 Embedding::Embedding(ModuleContext ctx, int64_t vocab_size, int64_t hidden_size)
     : Module(std::move(ctx)), vocab_(vocab_size), hidden_(hidden_size) {
   LOCUS_CHECK(vocab_ >= 1 && hidden_ >= 1, "Embedding '", name(), "': vocab_size and hidden_size must be positive");

@@ -20,6 +20,8 @@ class RMSNorm : public Module {
 
   // x [M, hidden] bf16/fp32 -> y same shape (bf16/fp32, may be a strided view).
   void forward(const Tensor& x, const Tensor& y, const Stream& stream = {}) const;
+  // x += r (a residual sum, in place), then forward(x, y): ops::add_rmsnorm, one kernel on CUDA.
+  void add_forward(const Tensor& x, const Tensor& r, const Tensor& y, const Stream& stream = {}) const;
   const Tensor& weight() const { return weight_; }
   int64_t hidden_size() const { return hidden_; }
   float eps() const { return eps_; }

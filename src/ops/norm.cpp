@@ -27,10 +27,8 @@ void check_alias(const char* op, const Tensor& y, const char* name, const Tensor
 
 constexpr std::initializer_list<DType> kFloatTypes = {DType::kBF16, DType::kFP32, DType::kFP16};
 
-}  // namespace
-
-void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream) {
-  const char* op = "rmsnorm";
+// rmsnorm's operands (aliasing of y and x apart).
+void check_rmsnorm(const char* op, const Tensor& x, const Tensor& weight, float eps, const Tensor& y) {
   checks::defined(op, "x", x);
   checks::defined(op, "y", y);
   LOCUS_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
@@ -45,11 +43,42 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, 
   checks::same_device(op, "weight", weight, "x", x);
   checks::same_device(op, "y", y, "x", x);
   LOCUS_CHECK(std::isfinite(eps) && eps >= 0.f, op, ": eps must be finite and >= 0, got ", eps);
-  check_alias(op, y, "x", x, true);
   check_alias(op, y, "weight", weight, false);
+}
+
+}  // namespace
+
+void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream) {
+  const char* op = "rmsnorm";
+  check_rmsnorm(op, x, weight, eps, y);
+  check_alias(op, y, "x", x, true);
   if (x.device().is_cpu()) return cpu::rmsnorm(x, weight, eps, y, cpu::ThreadPool::from_native(stream.native));
 #if defined(LOCUS_WITH_CUDA)
   cuda::rmsnorm(x, weight, eps, y, stream.native);
+#else
+  LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
+#endif
+}
+
+void add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps, const Tensor& y,
+                 const Stream& stream) {
+  const char* op = "add_rmsnorm";
+  check_rmsnorm(op, x, weight, eps, y);
+  checks::defined(op, "r", r);
+  LOCUS_CHECK(r.dtype() == x.dtype(), op, ": r must have x's dtype ", dtype_name(x.dtype()), ", got ", r.describe());
+  check_same_shape(op, "r", r, "x", x);
+  checks::unit_last_stride(op, "r", r);
+  checks::same_device(op, "r", r, "x", x);
+  check_alias(op, y, "x", x, false);
+  check_alias(op, y, "r", r, false);
+  check_alias(op, x, "r", r, false);
+  if (x.device().is_cpu()) {
+    cpu::ThreadPool& pool = cpu::ThreadPool::from_native(stream.native);
+    cpu::add(x, r, x, pool);
+    return cpu::rmsnorm(x, weight, eps, y, pool);
+  }
+#if defined(LOCUS_WITH_CUDA)
+  cuda::add_rmsnorm(x, r, weight, eps, y, stream.native);
 #else
   LOCUS_THROW(op, ": tensors are on ", x.device().name(), " but this build has no CUDA backend");
 #endif

@@ -10,6 +10,12 @@ namespace locus::ops {
 // element (Hugging Face rounds x * rsqrt to the input dtype before the weight: differs by <= 1 ulp).
 void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, const Stream& stream = {});
 
+// x += r (rounded to x's dtype), then y = rmsnorm(x, weight, eps): the results of ops::add(x, r, x)
+// and then ops::rmsnorm(x, weight, eps, y), bitwise, in one pass (one kernel on CUDA: a decoder
+// layer's residual sum and the next norm). r has x's shape and dtype; y overlaps neither.
+void add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps, const Tensor& y,
+                 const Stream& stream = {});
+
 // y = a + b, element-wise, same shape, any strides (bf16 or fp32, mixed; fp32 math; y may be a or b).
 void add(const Tensor& a, const Tensor& b, const Tensor& y, const Stream& stream = {});
 

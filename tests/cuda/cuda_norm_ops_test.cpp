@@ -87,6 +87,30 @@ void expect_add_matches_cpu(const Tensor& a, const Tensor& b, DType out) {
   EXPECT_TRUE(bitwise_equal(fetch(y), y_cpu));
 }
 
+TEST(CudaAddRmsnorm, IsTheCudaAddThenRmsnormBitwiseAndNearTheCpu) {
+  LOCUS_REQUIRE_GPU();
+  // The decoder layer's residual sum and post-attention norm at DeepSeek's hidden size (the
+  // vector path), and odd fp32 rows; the fused kernel against CUDA's two ops and the CPU's.
+  for (auto [shape, dt] : {std::pair<Shape, DType>{{3, 7168}, DType::kBF16}, {{5, 129}, DType::kFP32}}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt));
+    const int64_t h = shape.back();
+    const Tensor x_cpu = randn(shape, dt, seed, 3.0), r_cpu = randn(shape, dt, seed + 1), w_cpu = randn({h}, DType::kBF16, seed + 2);
+    const Tensor r = to_gpu(r_cpu), w = to_gpu(w_cpu);
+    Tensor x = to_gpu(x_cpu), y = poisoned_gpu(shape, DType::kBF16);
+    ops::add_rmsnorm(x, r, w, 1e-6f, y);
+    Tensor x2 = to_gpu(x_cpu), y2 = poisoned_gpu(shape, DType::kBF16);
+    ops::add(x2, r, x2);
+    ops::rmsnorm(x2, w, 1e-6f, y2);
+    EXPECT_TRUE(bitwise_equal(fetch(x), fetch(x2)));
+    EXPECT_TRUE(bitwise_equal(fetch(y), fetch(y2)));
+    Tensor x3 = x_cpu.clone(), y3 = Tensor::empty(shape, DType::kBF16);
+    ops::add_rmsnorm(x3, r_cpu, w_cpu, 1e-6f, y3);
+    EXPECT_TRUE(bitwise_equal(fetch(x), x3));  // the sum: one rounding of an fp32 add on both
+    EXPECT_LT(rel_error(fetch(y), to_doubles(y3)), rmsnorm_tolerance(DType::kBF16, h));
+  }
+}
+
 TEST(CudaAdd, BitExactWithCpuForDtypesShapesAndStrides) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();

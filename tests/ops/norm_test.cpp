@@ -115,6 +115,29 @@ TEST(Embedding, GathersRowsAndNamesBadIds) {
   }
 }
 
+TEST(AddRmsnorm, IsAddThenRmsnormBitwise) {
+  // DeepSeek's hidden size in bf16 (the decoder layer's use) and fp32 rows that are column slices.
+  for (DType dt : {DType::kBF16, DType::kFP32}) {
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt));
+    const int64_t h = dt == DType::kBF16 ? 7168 : 48;
+    Tensor xbuf = randn({3, h + 8}, dt, seed, 3.0), r = randn({3, h}, dt, seed + 1), w = randn({h}, DType::kBF16, seed + 2);
+    Tensor x = xbuf.slice(1, 4, 4 + h);
+    Tensor want_x = x.clone(), want_y = Tensor::empty({3, h}, DType::kBF16), y = Tensor::empty({3, h}, DType::kBF16);
+    ops::add(want_x, r, want_x);
+    ops::rmsnorm(want_x, w, 1e-6f, want_y);
+    y.fill_nan_();
+    ops::add_rmsnorm(x, r, w, 1e-6f, y);
+    EXPECT_TRUE(testing::bitwise_equal(x, want_x));
+    EXPECT_TRUE(testing::bitwise_equal(y, want_y));
+  }
+  Tensor x = Tensor::zeros({2, 8}, DType::kBF16), w = Tensor::zeros({8}, DType::kBF16);
+  EXPECT_THROW(ops::add_rmsnorm(x, Tensor::zeros({2, 8}, DType::kFP32), w, 1e-6f, Tensor::empty({2, 8}, DType::kBF16)),
+               Error);  // r's dtype is not x's
+  EXPECT_THROW(ops::add_rmsnorm(x, Tensor::zeros({2, 8}, DType::kBF16), w, 1e-6f, x), Error);  // y is x
+  EXPECT_THROW(ops::add_rmsnorm(x, x, w, 1e-6f, Tensor::empty({2, 8}, DType::kBF16)), Error);   // r is x
+}
+
 TEST(Rmsnorm, RejectsMismatchedWeight) {
   try {
     ops::rmsnorm(Tensor::zeros({2, 8}, DType::kBF16), Tensor::zeros({7}, DType::kBF16), 1e-6f,

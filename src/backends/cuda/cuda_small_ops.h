@@ -13,6 +13,8 @@
 namespace locus::cuda {
 
 void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, void* stream);
+// One kernel: x += r (r of x's dtype), then y = rmsnorm(x).
+void add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps, const Tensor& y, void* stream);
 void add(const Tensor& a, const Tensor& b, const Tensor& y, void* stream);
 void cast(const Tensor& x, const Tensor& y, void* stream);
 // ids stay on the device and are never read back: a row whose id is outside [0, vocab) is NaN.

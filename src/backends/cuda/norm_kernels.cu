@@ -18,8 +18,9 @@ struct RmsnormArgs {
   const void* x;
   void* y;  // may be x itself: each element is read and then written by the same thread
   const void* w;
+  const void* r = nullptr;  // add_rmsnorm: x += r (x's dtype) before the norm
   int64_t w_stride;
-  OffsetCalc<2> rows;  // leading dimensions of x and y
+  OffsetCalc<3> rows;  // leading dimensions of x, y and r
   int64_t num_rows, h;
   float eps;
 };
@@ -33,7 +34,7 @@ __global__ void rmsnorm_kernel(RmsnormArgs a) {
   using YS = typename YT::Storage;
   const auto* w = static_cast<const typename WT::Storage*>(a.w);
   for (int64_t row = blockIdx.x; row < a.num_rows; row += gridDim.x) {
-    int64_t off[2];
+    int64_t off[3];
     a.rows.offsets(row, off);
     const XS* x = static_cast<const XS*>(a.x) + off[0];
     YS* y = static_cast<YS*>(a.y) + off[1];
@@ -41,6 +42,14 @@ __global__ void rmsnorm_kernel(RmsnormArgs a) {
     for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < a.h; c += static_cast<int64_t>(blockDim.x) * V) {
       float v[V];
       load_f32<XT, V, kVector>(x + c, v);
+      if (a.r != nullptr) {  // the residual sum, rounded to x's dtype as ops::add stores it, is what the norm reads
+        float r[V];
+        load_f32<XT, V, kVector>(static_cast<const XS*>(a.r) + off[2] + c, r);
+#pragma unroll
+        for (int e = 0; e < V; ++e) v[e] += r[e];
+        store_f32<XT, V, kVector>(const_cast<XS*>(x) + c, v);
+        load_f32<XT, V, kVector>(x + c, v);
+      }
 #pragma unroll
       for (int e = 0; e < V; ++e) ss += v[e] * v[e];
     }
@@ -103,20 +112,24 @@ __global__ void embedding_kernel(EmbeddingArgs a) {
 
 }  // namespace
 
-void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, void* stream) {
-  const char* op = "cuda::rmsnorm";
+namespace {
+
+// rmsnorm, and add_rmsnorm where `r` is given (else it is x).
+void launch_rmsnorm(const char* op, const Tensor& x, const Tensor* r, const Tensor& weight, float eps, const Tensor& y,
+                    void* stream) {
   if (!start_op(op, x, x.numel())) return;
   RmsnormArgs a{};
   a.x = x.data_ptr();
   a.y = y.data_ptr();
   a.w = weight.data_ptr();
+  a.r = r ? r->data_ptr() : nullptr;
   a.w_stride = weight.stride(0);
   a.h = x.size(-1);
   a.num_rows = x.numel() / a.h;
-  a.rows = make_offset_calc<2>(op, x.shape(), x.dim() - 1, {&x, &y});
+  a.rows = make_offset_calc<3>(op, x.shape(), x.dim() - 1, {&x, &y, r ? r : &x});
   a.eps = eps;
   const bool vec = a.h % kVec == 0 && rows_aligned_16(x) && rows_aligned_16(y) && rows_aligned_16(weight) &&
-                   (a.w_stride == 1 || a.h == 1);
+                   (r == nullptr || rows_aligned_16(*r)) && (a.w_stride == 1 || a.h == 1);
   const int threads = block_threads((a.h + (vec ? kVec : 1) - 1) / (vec ? kVec : 1), 1024);
   const cudaStream_t s = as_stream(stream);
   visit_bf16_fp32(x.dtype(), op, [&](auto xt) {
@@ -130,7 +143,16 @@ void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, 
       });
     });
   });
-  LOCUS_CUDA_CHECK_LAUNCH("rmsnorm kernel launch");
+}
+
+}  // namespace
+
+void rmsnorm(const Tensor& x, const Tensor& weight, float eps, const Tensor& y, void* stream) {
+  launch_rmsnorm("cuda::rmsnorm", x, nullptr, weight, eps, y, stream);
+}
+
+void add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float eps, const Tensor& y, void* stream) {
+  launch_rmsnorm("cuda::add_rmsnorm", x, &r, weight, eps, y, stream);
 }
 
 void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, void* stream) {
