@@ -236,7 +236,11 @@ Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>&
     for (size_t l = 0; l < layers_.size(); ++l) {
       for (size_t b = 0; b < batch.size(); ++b)
         seqs[b] = {&batch[b].cache->layers[l], static_cast<int64_t>(batch[b].ids.size())};
-      layers_[l]->forward(x, pos, seqs, h, a, path, stream);
+      layers_[l]->forward(x, pos, seqs, h, a, /*pending_a=*/l > 0, path, stream);
+    }
+    if (!layers_.empty()) {
+      HostProfileScope profile("norms and residuals");
+      ops::add(x, a, x, stream);  // the last layer's output
     }
   } catch (...) {
     for (size_t b = 0; b < batch.size(); ++b)
@@ -255,9 +259,10 @@ Tensor DeepseekV3ForCausalLM::forward_on_device(const std::vector<SequenceStep>&
   return logits_of(rows, stream);
 }
 
-Tensor DeepseekV3ForCausalLM::logits_of(const Tensor& rows, const Stream& stream) {
+Tensor DeepseekV3ForCausalLM::logits_of(const Tensor& rows, const Stream& stream, const Tensor* residual) {
   Tensor normed = Tensor::empty(rows.shape(), DType::kBF16, opts_.device);
-  norm_->forward(rows, normed, stream);
+  if (residual) norm_->add_forward(rows, *residual, normed, stream);
+  else norm_->forward(rows, normed, stream);
   Tensor logits = Tensor::empty({rows.size(0), cfg_.vocab_size}, DType::kFP32, opts_.device);
   lm_head_->forward(normed, logits, stream);
   return logits;
@@ -282,10 +287,10 @@ Tensor DeepseekV3ForCausalLM::forward_decode_table(const DecodeTables& in, const
   const int64_t width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim;
   for (int64_t l = 0; l < L; ++l) {
     const ops::KvTable table{in.kv_rows.select(0, l), in.lengths, width, in.max_keys};
-    layers_[static_cast<size_t>(l)]->forward_table(x, table, h, a, stream);
+    layers_[static_cast<size_t>(l)]->forward_table(x, table, h, a, /*pending_a=*/l > 0, stream);
   }
   HostProfileScope head_profile("lm_head");
-  return logits_of(x, stream);
+  return logits_of(x, stream, L > 0 ? &a : nullptr);
 }
 
 }  // namespace locus::models

@@ -102,8 +102,9 @@ class DeepseekV3ForCausalLM : public modules::Module {
   modules::ChildWeights split_by_child(const modules::WeightMap& weights) const;  // unknown name: Error
   // Error unless the model is transformed (or localized); `fn` names the caller.
   void check_ready(const char* fn) const;
-  // Final norm and lm_head over hidden rows [R, hidden]: fp32 logits [R, vocab].
-  Tensor logits_of(const Tensor& rows, const Stream& stream);
+  // Final norm and lm_head over hidden rows [R, hidden] (residual: added into rows first, one
+  // kernel with the norm): fp32 logits [R, vocab].
+  Tensor logits_of(const Tensor& rows, const Stream& stream, const Tensor* residual = nullptr);
 
   DeepseekV3Config cfg_;
   DeepseekV3BuildOptions opts_;

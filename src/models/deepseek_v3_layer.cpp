@@ -175,20 +175,22 @@ void DecoderLayer::collect_plans(std::vector<modules::PlanRecord>* out) const {
 }
 
 void DecoderLayer::forward(const Tensor& x, const Tensor& positions, const std::vector<modules::MlaSequence>& seqs,
-                           const Tensor& h, const Tensor& a, modules::MlaPath path, const Stream& stream) {
-  forward_around(x, h, a, stream, [&] { attn_->forward(h, positions, seqs, a, path, stream); });
+                           const Tensor& h, const Tensor& a, bool pending_a, modules::MlaPath path,
+                           const Stream& stream) {
+  forward_around(x, h, a, pending_a, stream, [&] { attn_->forward(h, positions, seqs, a, path, stream); });
 }
 
 void DecoderLayer::forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& h, const Tensor& a,
-                                 const Stream& stream) {
-  forward_around(x, h, a, stream, [&] { attn_->forward_table(h, table, a, stream); });
+                                 bool pending_a, const Stream& stream) {
+  forward_around(x, h, a, pending_a, stream, [&] { attn_->forward_table(h, table, a, stream); });
 }
 
-void DecoderLayer::forward_around(const Tensor& x, const Tensor& h, const Tensor& a, const Stream& stream,
-                                  const std::function<void()>& attend) {
+void DecoderLayer::forward_around(const Tensor& x, const Tensor& h, const Tensor& a, bool pending_a,
+                                  const Stream& stream, const std::function<void()>& attend) {
   {
     HostProfileScope profile("norms and residuals");
-    input_layernorm_->forward(x, h, stream);
+    if (pending_a) input_layernorm_->add_forward(x, a, h, stream);  // the previous layer's output first
+    else input_layernorm_->forward(x, h, stream);
   }
   {
     HostProfileScope profile("mla");
@@ -205,8 +207,6 @@ void DecoderLayer::forward_around(const Tensor& x, const Tensor& h, const Tensor
     HostProfileScope profile("dense mlp");
     mlp_->forward(h, a, stream);
   }
-  HostProfileScope profile("norms and residuals");
-  ops::add(x, a, x, stream);
 }
 
 }  // namespace locus::models

@@ -43,13 +43,16 @@ class DecoderLayer : public modules::Module {
   modules::MemoryUsage memory() const override;
   void collect_plans(std::vector<modules::PlanRecord>* out) const override;
 
-  // x bf16 [T, hidden], updated in place (the residual stream). h and a are bf16 [T, hidden]
-  // scratch. seqs/positions as for modules::MLA::forward (this layer's caches).
+  // x bf16 [T, hidden] is the residual stream, updated in place, except that each layer leaves its
+  // own output (its MLP's or MoE's) in `a` for the caller to add: the next layer, called with
+  // pending_a, adds it together with its first norm (ops::add_rmsnorm, one kernel), and after the
+  // last layer the model adds it. h is bf16 [T, hidden] scratch. seqs/positions as for
+  // modules::MLA::forward (this layer's caches).
   void forward(const Tensor& x, const Tensor& positions, const std::vector<modules::MlaSequence>& seqs,
-               const Tensor& h, const Tensor& a, modules::MlaPath path, const Stream& stream = {});
+               const Tensor& h, const Tensor& a, bool pending_a, modules::MlaPath path, const Stream& stream = {});
   // The same with one new token per sequence and this layer's caches in a device table
   // (modules::MLA::forward_table): what a decode step captured in a CUDA graph runs.
-  void forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& h, const Tensor& a,
+  void forward_table(const Tensor& x, const ops::KvTable& table, const Tensor& h, const Tensor& a, bool pending_a,
                      const Stream& stream = {});
 
   modules::MLA& self_attn() { return *attn_; }
@@ -58,8 +61,9 @@ class DecoderLayer : public modules::Module {
 
  private:
   std::vector<modules::Module*> children() const;
-  // The layer around its attention: norm, attend(h -> a), residual, norm, MLP or MoE, residual.
-  void forward_around(const Tensor& x, const Tensor& h, const Tensor& a, const Stream& stream,
+  // The layer around its attention: (the pending residual and) norm, attend(h -> a), residual and
+  // norm, MLP or MoE into a.
+  void forward_around(const Tensor& x, const Tensor& h, const Tensor& a, bool pending_a, const Stream& stream,
                       const std::function<void()>& attend);
   // Splits "self_attn.x.weight" into the child and its relative piece; Error naming the piece.
   modules::Module& route(const std::string& piece, std::string* rest) const;
