@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/carry_env.sh  # CARRY, LD_LIBRARY_PATH
+source tools/gpu/tiny_model_env.sh  # all_prompts, set_prompts
 layers=3; experts=32; tokens=256; batches="1"; rounds=3; models=""; flags="--cuda-graphs"
 while (($#)); do
   case "$1" in
@@ -30,8 +31,6 @@ if [[ ! -f "$dir/config.json" ]]; then
   "$CARRY/locus" make-tiny-model "$dir" --shape deepseek-v3 --layers "$layers" --experts "$experts" --seed 1 --nvfp4 \
     > /dev/null || { echo "make-tiny-model failed"; exit 1; }
 fi
-prompts=("Locality domains split a GPU" "abc" "DeepSeek" "x" "the weights of a layer" "MLA attention" "experts"
-         "one two three four")
 echo "Device: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $(date -u '+%Y-%m-%d %H:%M UTC');" \
      "NVFP4, DeepSeek-V3 widths, $layers layers, $experts experts; $tokens new tokens per sequence; $flags"
 echo
@@ -39,11 +38,11 @@ echo "| batch | setting | round | decode tok/s |"
 echo "|---|---|---|---|"
 rc=0
 for batch in $batches; do
-  args=()
-  for ((i = 0; i < batch; ++i)); do args+=(--prompt "${prompts[i % ${#prompts[@]}]}"); done
+  ((batch >= 1 && batch <= ${#all_prompts[@]})) || { echo "--batches: $batch is not in 1..${#all_prompts[@]}"; exit 2; }
+  set_prompts "$batch"
   for ((r = 1; r <= rounds; ++r)); do
     for setting in "$@"; do
-      out=$(timeout 300 env $setting "$CARRY/locus" generate --model "$dir" --backend cuda "${args[@]}" \
+      out=$(timeout 300 env $setting "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
               --max-new-tokens "$tokens" --ignore-eos --warmup --quiet $flags 2>&1 >/dev/null)
       tps=$(sed -n -E 's/^locus: [0-9].*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<< "$out")
       [[ -n "$tps" ]] || { tps="FAILED"; rc=1; echo "$out" | tail -3 >&2; }

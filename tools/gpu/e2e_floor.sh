@@ -59,14 +59,7 @@ if [[ -z "$bw" ]]; then
   [[ -n "$bw" ]] || { echo "no copy bandwidth (see $LOG)"; exit 1; }
 fi
 
-all_prompts=("Locality domains split a GPU" "abc" "DeepSeek" "x" "the weights of a layer" "MLA attention" "experts"
-             "one two three four")
 prompts1=(--prompt "${all_prompts[0]}")
-# set_prompts N: prompts=(--prompt P ...) for the first N of all_prompts (a batch of N sequences).
-set_prompts() {
-  prompts=()
-  for ((i = 0; i < $1; ++i)); do prompts+=(--prompt "${all_prompts[i]}"); done
-}
 for batch in $batches; do
   ((batch >= 1 && batch <= ${#all_prompts[@]})) || { echo "--batches: $batch is not in 1..${#all_prompts[@]}"; exit 2; }
 done
