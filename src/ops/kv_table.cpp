@@ -45,6 +45,25 @@ int64_t host_length(const char* op, const KvTable& t, int64_t b) {
 
 }  // namespace
 
+void kv_lengths_advance(const Tensor& lengths, const Stream& stream) {
+  const char* op = "kv_lengths_advance";
+  checks::defined(op, "lengths", lengths);
+  checks::rank(op, "lengths", lengths, 1);
+  checks::dtype(op, "lengths", lengths, {DType::kI32});
+  LOCUS_CHECK(lengths.is_contiguous(), op, ": lengths must be contiguous");
+  if (lengths.numel() == 0) return;
+  if (lengths.device().is_cpu()) {
+    int32_t* l = lengths.data<int32_t>();
+    for (int64_t b = 0; b < lengths.numel(); ++b) ++l[b];
+    return;
+  }
+#if defined(LOCUS_WITH_CUDA)
+  cuda::kv_lengths_advance(lengths, stream.native);
+#else
+  LOCUS_THROW(op, ": lengths are on ", lengths.device().name(), " but this build has no CUDA backend");
+#endif
+}
+
 void kv_append_rows(const Tensor& src, const KvTable& table, const Stream& stream) {
   const char* op = "kv_append_rows";
   checks::rank(op, "src", src, 2);

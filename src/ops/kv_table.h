@@ -26,6 +26,11 @@ struct KvTable {
 // unit last stride).
 void kv_append_rows(const Tensor& src, const KvTable& table, const Stream& stream = {});
 
+// lengths[b] += 1 for every sequence (i32 [B], contiguous): a decode step leaves its table's
+// lengths ready for the next step, so that a step chained on the device (runtime::DecodeGraphs)
+// needs nothing from the host.
+void kv_lengths_advance(const Tensor& lengths, const Stream& stream = {});
+
 // Absorbed decode attention (ops::mla_attention_batch with one query row per sequence) with each
 // sequence's keys in its cache: k_a = v = columns [0, Da), k_b = columns [Da, width), and
 // lengths[b] + 1 keys (the appended row included). q_a bf16 [B, H, Da], q_b bf16 [B, H, width - Da],

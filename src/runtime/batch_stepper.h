@@ -29,6 +29,11 @@ struct GenerationResult {
 
 class BatchStepper {
  public:
+  struct StepInfo {
+    int64_t prompt_tokens = 0;  // prefill tokens in the step (sequences added since the last one)
+    int64_t decode_tokens = 0;  // sequences that took one decode token
+  };
+
   // eos_ids: tokens that end a sequence. graphs (optional, outliving the stepper): decode steps
   // run through it (runtime/decode_graphs.h); steps it declines run eagerly.
   BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
@@ -54,10 +59,15 @@ class BatchStepper {
     uint64_t key;
     GenerationResult result;
   };
-  struct StepInfo {
-    int64_t prompt_tokens = 0;  // prefill tokens in the step (sequences added since the last one)
-    int64_t decode_tokens = 0;  // sequences that took one decode token
-  };
+  // Lookahead (needs decode graphs; off by default): where every sequence decodes greedily and
+  // none reaches its token limit with the coming token, the next decode step is launched from the
+  // device (DecodeGraphs::step_chained: the coming tokens never visit the host first) before this
+  // step's tokens are read back, so the device does not wait for the host between steps. A
+  // sequence that ends by eos has then had one step too many run for it, whose token is dropped
+  // (its cache is released after that step). The next step() returns that step's tokens; a
+  // sequence added meanwhile takes its prefill in the step() after.
+  void set_lookahead(bool on) { lookahead_enabled_ = on; }
+
   // One forward over every sequence: the prompt of each sequence added since the last step, one
   // token for the others, in the order they were added. Samples a token for each and returns the
   // sequences that finished (their caches released). Errors propagate: from the forward with
@@ -67,12 +77,20 @@ class BatchStepper {
 
  private:
   struct Sequence;
+  struct Launched;  // a step queued on the device, its tokens not yet read
+  std::unique_ptr<Launched> launch(StepInfo* info);
+  // The chained step after `now` (lookahead), or null where it cannot run.
+  std::unique_ptr<Launched> launch_chained(const Launched& now);
+  std::vector<int32_t> collect(Launched& step);  // waits for its tokens (or samples them)
+  void release_when_done(int64_t cache_id);      // now, or after the step in flight that writes it
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;
   DecodeGraphs* graphs_;
   uint64_t next_key_ = 0;
   std::vector<std::unique_ptr<Sequence>> seqs_;
+  bool lookahead_enabled_ = false;
+  std::unique_ptr<Launched> lookahead_;  // launched by the last step(), its tokens for the next
 };
 
 }  // namespace locus::runtime

@@ -1,38 +1,81 @@
 // runtime::DecodeGraphs: per key, tables staged on the host before each step and uploaded by the
 // step itself (the graph's first copy), an eager first step, then a recorded graph replayed on the
-// default stream; host-side cache lengths advanced after.
+// default stream; host-side cache lengths advanced after. Greedy steps may chain: the argmax goes
+// into the tables' ids and every step advances the tables' lengths on the device, so the next
+// step of the key replays a second graph without the uploads.
 #include "runtime/decode_graphs.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/host_profile.h"
+#include "ops/host_readback.h"
 #include "ops/host_upload.h"
+#include "ops/kv_table.h"
+#include "ops/softmax_topk.h"
 
 namespace locus::runtime {
 
-// One key's graph and the device tables it reads (allocated once: the graph holds their addresses).
+// One key's graphs and the device tables they read (allocated once: the graphs hold their
+// addresses).
 struct DecodeGraphs::Entry {
-  models::DecodeTables tables;   // ids and lengths share one i32 buffer, [ids | lengths]
-  Tensor small;                  // i32 [2B] on the model's device
-  Tensor small_host, rows_host;  // staging (page-locked for CUDA): i32 [2B], i64 [layers, B]
+  models::DecodeTables tables;   // ids and lengths share one i32 buffer, [ids | lengths | argmax values]
+  Tensor small;                  // i32 [3B] on the model's device
+  Tensor small_host, rows_host;  // staging (page-locked for CUDA): i32 [2B] (ids, lengths), i64 [layers, B]
   bool warmed = false;           // the key's first (eager) step ran
   int64_t last_used = 0;         // DecodeGraphs::clock_ at its last step
-  bool failed = false;           // its capture failed: its steps are declined
-  ops::StepGraph graph;
+  bool failed = false;           // a capture failed: its steps are declined
+  ops::StepGraph graph;          // uploads the staged tables, then the step
+  ops::StepGraph chained;        // the step alone, from the tables as the last step left them
+  std::vector<int64_t> lengths_after;  // the caches' lengths after its last step (what its tables hold)
 
-  // The step: the staged tables up to the device (on the CPU the tables are the staging), then
-  // the model from them.
-  ops::StepGraph::Body body(models::DeepseekV3ForCausalLM* model) const {
-    return [model, t = tables, small = small, small_host = small_host, rows_host = rows_host](const Stream& stream) {
+  // The step from the tables, which it leaves for the next one: lengths one further.
+  ops::StepGraph::Body forward(models::DeepseekV3ForCausalLM* model) const {
+    return [model, t = tables](const Stream& stream) {
+      Tensor logits = model->forward_decode_table(t, stream);
+      ops::kv_lengths_advance(t.lengths, stream);
+      return logits;
+    };
+  }
+  // The staged tables up to the device (on the CPU the tables are the staging), then the step.
+  ops::StepGraph::Body staged(models::DeepseekV3ForCausalLM* model) const {
+    return [step = forward(model), t = tables, small = small, small_host = small_host,
+            rows_host = rows_host](const Stream& stream) {
       if (!small.device().is_cpu()) {
-        ops::upload(small_host, small, stream);
+        ops::upload(small_host, small.slice(0, 0, small_host.size(0)), stream);
         ops::upload(rows_host, t.kv_rows, stream);
       }
-      return model->forward_decode_table(t, stream);
+      return step(stream);
     };
   }
 };
+
+struct DecodeGraphs::GreedyTokens::Copy {
+  Tensor taken;                               // CPU: the tokens and values as the argmax left them
+  std::unique_ptr<ops::HostReadback> back;    // CUDA: their copy in flight
+};
+
+DecodeGraphs::GreedyTokens::GreedyTokens(const Tensor& both, int64_t rows) : copy_(new Copy), rows_(rows) {
+  // On the CPU the buffer is the next step's ids and is rewritten by it: take the values now.
+  if (both.device().is_cpu()) copy_->taken = both.clone();
+  else copy_->back = std::make_unique<ops::HostReadback>(both);
+}
+DecodeGraphs::GreedyTokens::GreedyTokens(GreedyTokens&&) noexcept = default;
+DecodeGraphs::GreedyTokens::~GreedyTokens() = default;
+
+std::vector<int32_t> DecodeGraphs::GreedyTokens::wait() {
+  const Tensor host = copy_->back ? copy_->back->wait() : copy_->taken;
+  const int32_t* ids = host.data<int32_t>();
+  const float* values = reinterpret_cast<const float*>(ids + 2 * rows_);
+  std::vector<int32_t> out(static_cast<size_t>(rows_));
+  for (int64_t r = 0; r < rows_; ++r) {
+    // top-k lets a NaN win only where nothing else is left.
+    LOCUS_CHECK(!std::isnan(values[r]), "argmax: every logit of row ", r, " is NaN");
+    out[static_cast<size_t>(r)] = ids[r];
+  }
+  return out;
+}
 
 DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model, int max_graphs)
     : model_(model), max_graphs_(max_graphs) {
@@ -40,18 +83,27 @@ DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model, int max_graphs)
 }
 DecodeGraphs::~DecodeGraphs() = default;
 
-void DecodeGraphs::clear() { entries_.clear(); }
+void DecodeGraphs::clear() {
+  entries_.clear();
+  last_ = nullptr;
+}
 
 void DecodeGraphs::make_room() {
   int recorded = 0;
-  Entry* oldest = nullptr;
+  ops::StepGraph* oldest = nullptr;
+  int64_t oldest_use = 0;
   for (auto& [key, e] : entries_) {
-    if (!e->graph.recorded()) continue;
-    ++recorded;
-    if (!oldest || e->last_used < oldest->last_used) oldest = e.get();
+    for (ops::StepGraph* g : {&e->graph, &e->chained}) {
+      if (!g->recorded()) continue;
+      ++recorded;
+      if (!oldest || e->last_used < oldest_use) {
+        oldest = g;
+        oldest_use = e->last_used;
+      }
+    }
   }
   if (recorded < max_graphs_ || !oldest) return;
-  oldest->graph.clear();  // its tables stay; the key records again when it comes back
+  oldest->clear();  // its tables stay; the key records again when it comes back
   ++stats_.evicted;
 }
 
@@ -69,7 +121,8 @@ DecodeGraphs::Entry& DecodeGraphs::entry(const Key& key) {
     auto e = std::make_unique<Entry>();
     e->small_host = ops::host_staging({2 * B}, DType::kI32, dev);
     e->rows_host = ops::host_staging({L, B}, DType::kI64, dev);
-    e->small = dev.is_cpu() ? e->small_host : Tensor::empty({2 * B}, DType::kI32, dev);
+    e->small = Tensor::empty({3 * B}, DType::kI32, dev);
+    if (dev.is_cpu()) e->small_host = e->small.slice(0, 0, 2 * B);  // the CPU's tables are the staging
     e->tables.ids = e->small.slice(0, 0, B);
     e->tables.lengths = e->small.slice(0, B, 2 * B);
     e->tables.kv_rows = dev.is_cpu() ? e->rows_host : Tensor::empty({L, B}, DType::kI64, dev);
@@ -96,15 +149,11 @@ void DecodeGraphs::fill_tables(Entry& e, const std::vector<models::SequenceStep>
   }
 }
 
-Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
+DecodeGraphs::Key DecodeGraphs::key_of(const std::vector<models::SequenceStep>& batch) const {
   model_.check_step(batch);
   const Device dev = model_.options().device;
   int64_t max_length = 0;
   for (const models::SequenceStep& s : batch) {
-    if (s.ids.size() != 1) {
-      ++stats_.declined;
-      return {};
-    }
     // Every layer's cache must be one contiguous block on the model's device (the tables hold
     // row 0's address and the ops step by the row width).
     for (const modules::MlaKvCache& c : s.cache->layers)
@@ -112,7 +161,42 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
                   c.latent.describe(), ", not a contiguous tensor on ", dev.name());
     max_length = std::max(max_length, s.cache->length());
   }
-  Entry& e = entry({static_cast<int64_t>(batch.size()), key_bound(max_length)});
+  return {static_cast<int64_t>(batch.size()), key_bound(max_length)};
+}
+
+bool DecodeGraphs::ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body) {
+  if (graph.recorded()) return true;
+  HostProfileScope profile("decode graphs: record");
+  make_room();
+  try {
+    graph.record(model_.options().device, body);
+    ++stats_.recorded;
+    return true;
+  } catch (const Error& err) {
+    e.failed = true;
+    stats_.capture_failure = err.what();
+    return false;
+  }
+}
+
+void DecodeGraphs::advance_lengths(Entry& e, const std::vector<models::SequenceStep>& batch) {
+  e.lengths_after.clear();
+  for (const models::SequenceStep& s : batch) {
+    for (modules::MlaKvCache& c : s.cache->layers) ++c.length;
+    e.lengths_after.push_back(s.cache->length());
+  }
+}
+
+Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
+  last_ = nullptr;  // whatever happens below, no step may chain on the one before
+  for (const models::SequenceStep& s : batch) {
+    if (s.ids.size() != 1) {
+      model_.check_step(batch);
+      ++stats_.declined;
+      return {};
+    }
+  }
+  Entry& e = entry(key_of(batch));
   if (e.failed) {
     ++stats_.declined;
     return {};
@@ -123,30 +207,72 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
     fill_tables(e, batch);
   }
   Tensor logits;
+  const Device dev = model_.options().device;
   if (!e.warmed) {
-    logits = e.body(&model_)(Stream{dev, nullptr});
+    logits = e.staged(&model_)(Stream{dev, nullptr});
     e.warmed = true;
     ++stats_.eager_steps;
   } else {
-    if (!e.graph.recorded()) {
-      HostProfileScope profile("decode graphs: record");
-      make_room();
-      try {
-        e.graph.record(dev, e.body(&model_));
-        ++stats_.recorded;
-      } catch (const Error& err) {
-        e.failed = true;
-        stats_.capture_failure = err.what();
-        ++stats_.declined;
-        return {};
-      }
+    if (!ensure_recorded(e, e.graph, e.staged(&model_))) {
+      ++stats_.declined;
+      return {};
     }
     HostProfileScope profile("decode graphs: replay");
     logits = e.graph.replay(Stream{dev, nullptr});
     ++stats_.replays;
   }
-  for (const models::SequenceStep& s : batch)
-    for (modules::MlaKvCache& c : s.cache->layers) ++c.length;
+  advance_lengths(e, batch);
+  last_ = &e;
+  last_tokens_queued_ = false;
+  return logits;
+}
+
+DecodeGraphs::GreedyTokens DecodeGraphs::greedy_tokens(const Tensor& logits) {
+  LOCUS_CHECK(last_ != nullptr, "DecodeGraphs::greedy_tokens: no step to take the tokens of");
+  const int64_t B = last_->tables.ids.size(0);
+  LOCUS_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == B && logits.dtype() == DType::kFP32,
+              "DecodeGraphs::greedy_tokens: logits must be fp32 [", B, ", vocab], got ",
+              logits.defined() ? logits.describe() : std::string("an undefined tensor"));
+  // Indices into the tables' ids, values into the buffer's third part; both come back together.
+  const Tensor& small = last_->small;
+  auto* base = static_cast<int32_t*>(small.data_ptr());
+  const Tensor ids = Tensor::from_blob(base, {B, 1}, DType::kI32, small.device());
+  const Tensor values = Tensor::from_blob(base + 2 * B, {B, 1}, DType::kFP32, small.device());
+  const Stream stream{model_.options().device, nullptr};
+  ops::topk(logits, 1, values, ids, stream);
+  last_tokens_queued_ = true;
+  return GreedyTokens(small, B);
+}
+
+Tensor DecodeGraphs::step_chained(const std::vector<models::SequenceStep>& batch) {
+  Entry* prev = last_;
+  if (!prev || !last_tokens_queued_ || prev->failed) return {};
+  const Key key = key_of(batch);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.get() != prev) return {};
+  // The same caches, in the same order and at the same lengths, as the tables hold (the last step
+  // staged or kept them).
+  const int64_t B = key.first;
+  const int64_t* rows = prev->rows_host.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* cache = batch[static_cast<size_t>(b)].cache;
+    if (rows[b] != static_cast<int64_t>(reinterpret_cast<intptr_t>(cache->layers[0].latent.data_ptr())) ||
+        cache->length() != prev->lengths_after[static_cast<size_t>(b)])
+      return {};
+  }
+  last_ = nullptr;
+  if (!ensure_recorded(*prev, prev->chained, prev->forward(&model_))) return {};
+  prev->last_used = ++clock_;
+  Tensor logits;
+  {
+    HostProfileScope profile("decode graphs: replay");
+    logits = prev->chained.replay(Stream{model_.options().device, nullptr});
+  }
+  ++stats_.replays;
+  ++stats_.chained;
+  advance_lengths(*prev, batch);
+  last_ = prev;
+  last_tokens_queued_ = false;
   return logits;
 }
 

@@ -14,6 +14,12 @@
 // with ops::StepGraph's CPU form (the recorded function run again), which holds the graphs to
 // reading every changing input from the tables.
 //
+// Greedy decode can chain steps on the device: greedy_tokens() writes a step's argmax into the
+// ids of its key's tables (as well as bringing it to the host), every step leaves its tables'
+// lengths one further, so the next step of the same key and caches (step_chained) needs nothing
+// from the host and may be launched before the previous step's tokens are read (BatchStepper's
+// lookahead). A chained step replays a second graph of its key, without the uploads.
+//
 // Each graph keeps its step's scratch (its eager peak) on the device, so at most max_graphs are
 // kept: recording one more drops the least recently replayed (its key records again when it
 // comes back). Weights reloaded in place keep their addresses, so graphs stay valid; anything that
@@ -44,10 +50,36 @@ class DecodeGraphs {
   // models::DeepseekV3ForCausalLM::forward (checked before anything runs).
   Tensor step(const std::vector<models::SequenceStep>& batch);
 
+  // The greedy tokens of the last step (its logits, as step() or step_chained() returned them):
+  // queues the argmax of each row into the ids of that step's tables, and its copy to the host.
+  class GreedyTokens {
+   public:
+    GreedyTokens(GreedyTokens&&) noexcept;
+    ~GreedyTokens();
+    // Waits for the copy: one token per row. Error where every logit of a row is NaN.
+    std::vector<int32_t> wait();
+
+   private:
+    friend class DecodeGraphs;
+    GreedyTokens(const Tensor& both, int64_t rows);
+    struct Copy;  // the readback in flight (or, on the CPU, the values taken at once)
+    std::unique_ptr<Copy> copy_;
+    int64_t rows_;
+  };
+  GreedyTokens greedy_tokens(const Tensor& logits);
+
+  // The step after the last one, from the device alone: its ids are the last step's greedy
+  // tokens (greedy_tokens() must have been queued), its lengths the last step's plus one. Runs
+  // only where the last step ran this batch's key over the same caches, which hold what it left
+  // them; otherwise returns an undefined tensor and runs nothing. Host-side cache lengths advance
+  // as in step(). Its ids in `batch` are not read (placeholders).
+  Tensor step_chained(const std::vector<models::SequenceStep>& batch);
+
   struct Stats {
     int64_t eager_steps = 0;  // first steps of a key, run from the tables without a graph
     int64_t recorded = 0;     // graphs recorded
-    int64_t replays = 0;      // steps run by a graph replay
+    int64_t replays = 0;      // steps run by a graph replay (chained ones included)
+    int64_t chained = 0;      // steps run by step_chained
     int64_t declined = 0;     // steps left to the caller
     int64_t evicted = 0;      // graphs dropped to keep at most max_graphs
     std::string capture_failure;  // why the last key that failed could not be captured
@@ -63,7 +95,12 @@ class DecodeGraphs {
   struct Entry;
   using Key = std::pair<int64_t, int64_t>;  // (batch size, key bound)
   Entry& entry(const Key& key);
+  Key key_of(const std::vector<models::SequenceStep>& batch) const;  // checks the caches too
   void fill_tables(Entry& e, const std::vector<models::SequenceStep>& batch);
+  // Records `graph` with `body` when it is not yet; false (the key is remembered as failed) when
+  // the capture fails.
+  bool ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body);
+  void advance_lengths(Entry& e, const std::vector<models::SequenceStep>& batch);  // host-side, after a step
 
   void make_room();  // drops the least recently used graph when max_graphs are recorded
 
@@ -71,6 +108,10 @@ class DecodeGraphs {
   int max_graphs_;
   int64_t clock_ = 0;  // steps run, for least-recently-used eviction
   std::map<Key, std::unique_ptr<Entry>> entries_;
+  // The last step's entry (null after clear() or a declined step) and whether its greedy tokens
+  // were queued since: what step_chained needs.
+  Entry* last_ = nullptr;
+  bool last_tokens_queued_ = false;
   Stats stats_;
 };
 

@@ -14,8 +14,10 @@
 #include "ops/host_upload.h"
 #include "ops/kv_table.h"
 #include "ops/norm.h"
+#include "runtime/batch_stepper.h"
 #include "runtime/decode_graphs.h"
 #include "runtime/generator.h"
+#include "runtime/sampler.h"
 
 namespace locus::testing {
 namespace {
@@ -311,6 +313,75 @@ TEST(CudaDecodeGraphs, ReplaysAreTheEagerTableStepBitwise) {
   }
   EXPECT_EQ(graphs.stats().recorded, 1);
   EXPECT_EQ(graphs.stats().replays, 3);
+}
+
+TEST(CudaDecodeGraphs, ChainedStepsAreTheTableStepsOfTheDeviceTokens) {
+  LOCUS_REQUIRE_GPU();
+  // Each chained step is launched before the last step's greedy tokens are read back; it must be
+  // the eager table step of those tokens, bitwise, and leave the caches at the same lengths.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  TwinCaches twin(7, seed);
+  auto& [gpu, m, V, a, b] = twin;
+  const int64_t L = gpu.config.num_hidden_layers;
+  auto table_step = [&](int32_t id) {  // the eager twin: forward_decode_table over b
+    Tensor rows = Tensor::empty({L, 1}, DType::kI64), small = Tensor::empty({2}, DType::kI32);
+    for (int64_t l = 0; l < L; ++l)
+      rows.data<int64_t>()[l] = reinterpret_cast<intptr_t>(b.layers[static_cast<size_t>(l)].latent.data_ptr());
+    small.data<int32_t>()[0] = id;
+    small.data<int32_t>()[1] = static_cast<int32_t>(b.length());
+    const Tensor small_gpu = to_gpu(small);
+    const models::DecodeTables t{small_gpu.slice(0, 0, 1), small_gpu.slice(0, 1, 2), to_gpu(rows),
+                                 runtime::DecodeGraphs::key_bound(b.length())};
+    const Tensor logits = fetch(m.forward_decode_table(t));
+    for (auto& layer : b.layers) ++layer.length;
+    return logits;
+  };
+  runtime::DecodeGraphs graphs(m);
+  int32_t id = random_ids(1, V, seed + 10)[0];
+  Tensor got = graphs.step({{{id}, &a}});
+  Tensor want = table_step(id);
+  ASSERT_TRUE(bitwise_equal(fetch(got), want));
+  for (int step = 0; step < 6; ++step) {
+    auto tokens = graphs.greedy_tokens(got);
+    got = graphs.step_chained({{{0}, &a}});  // queued behind the tokens' copy, before it is read
+    ASSERT_TRUE(got.defined()) << "step " << step;
+    id = tokens.wait()[0];
+    EXPECT_EQ(id, runtime::argmax_rows(want)[0]) << "step " << step;
+    want = table_step(id);
+    EXPECT_TRUE(bitwise_equal(fetch(got), want)) << "step " << step;
+    EXPECT_EQ(a.length(), b.length());
+  }
+  EXPECT_EQ(graphs.stats().chained, 6);
+}
+
+TEST(CudaDecodeGraphs, LookaheadGivesTheTokensOfStepsThatWaitForTheHost) {
+  LOCUS_REQUIRE_GPU();
+  // Greedy batches through BatchStepper with graphs, lookahead off and on (fresh caches each):
+  // the same kernels run in the same order, so the tokens are the same.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  auto gpu = load_model(tiny_model_dir(true), 0, "cuda");
+  auto& m = *gpu.model;
+  runtime::KvCacheManager kv{gpu.config, gpu.device, {64 << 20, "test"}, 4, 256};
+  const int64_t V = gpu.config.vocab_size;
+  std::vector<std::vector<std::vector<int32_t>>> runs;
+  int64_t chained = 0;
+  for (bool lookahead : {false, true}) {
+    runtime::DecodeGraphs graphs(m);
+    runtime::BatchStepper stepper(m, kv, {}, &graphs);
+    stepper.set_lookahead(lookahead);
+    std::vector<std::vector<int32_t>> tokens(2);
+    stepper.add({random_ids(5, V, seed), 20, {}});
+    stepper.add({random_ids(9, V, seed + 1), 14, {}});
+    while (!stepper.empty())
+      for (auto& f : stepper.step()) tokens[f.key] = f.result.tokens;
+    runs.push_back(tokens);
+    chained = graphs.stats().chained;
+  }
+  EXPECT_EQ(runs[1], runs[0]);
+  EXPECT_GT(chained, 5);
+  EXPECT_EQ(kv.live_sequences(), 0);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include "models/model_test_util.h"
+#include "runtime/batch_stepper.h"
 #include "runtime/generator.h"
+#include "runtime/sampler.h"
 
 namespace locus::testing {
 namespace {
@@ -108,8 +110,102 @@ TEST_F(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
     EXPECT_GE(st.recorded, 3);
     EXPECT_GT(st.replays, 15);
     EXPECT_EQ(st.declined, 0);  // the prefill step never reaches it
+    // Greedy steps chain on the device (the generator's lookahead); sampled ones cannot.
+    if (sp.greedy()) EXPECT_GT(st.chained, 10);
+    else EXPECT_EQ(st.chained, 0);
     EXPECT_EQ(kv.live_sequences(), 0);
   }
+}
+
+TEST_F(DecodeGraphs, ChainedStepsTakeTheLastStepsGreedyTokensFromTheTables) {
+  // step, its greedy tokens into the tables, then chained steps (placeholder ids): each equals
+  // the eager forward of the argmax tokens, over twin caches.
+  SCOPED_TRACE(seed);
+  auto [a, a2] = prefilled_twice(m, random_ids(5, V, seed));
+  auto [b, b2] = prefilled_twice(m, random_ids(9, V, seed + 1));
+  runtime::DecodeGraphs graphs(m);
+  std::vector<int32_t> ids = random_ids(2, V, seed + 2);
+  Tensor got = graphs.step({{{ids[0]}, &a}, {{ids[1]}, &b}});
+  Tensor want = m.forward_on_device({{{ids[0]}, &a2}, {{ids[1]}, &b2}});
+  ASSERT_TRUE(bitwise_equal(got, want));
+  for (int step = 0; step < 5; ++step) {
+    auto tokens = graphs.greedy_tokens(got);
+    got = graphs.step_chained({{{0}, &a}, {{0}, &b}});
+    ASSERT_TRUE(got.defined()) << "step " << step;
+    ids = tokens.wait();
+    EXPECT_EQ(ids, runtime::argmax_rows(want)) << "step " << step;
+    want = m.forward_on_device({{{ids[0]}, &a2}, {{ids[1]}, &b2}});
+    EXPECT_TRUE(bitwise_equal(got, want)) << "step " << step;
+    EXPECT_EQ(a.length(), a2.length());
+  }
+  EXPECT_EQ(graphs.stats().chained, 5);
+  // No chaining without the last step's tokens queued, on other caches, at another batch size,
+  // or after clear(): nothing runs then.
+  const int64_t len = a.length();
+  EXPECT_FALSE(graphs.step_chained({{{0}, &a}, {{0}, &b}}).defined());
+  graphs.greedy_tokens(got);
+  EXPECT_FALSE(graphs.step_chained({{{0}, &b}, {{0}, &a}}).defined());
+  EXPECT_FALSE(graphs.step_chained({{{0}, &a}}).defined());
+  graphs.clear();
+  EXPECT_FALSE(graphs.step_chained({{{0}, &a}, {{0}, &b}}).defined());
+  EXPECT_EQ(a.length(), len);
+  EXPECT_EQ(graphs.stats().chained, 5);
+}
+
+TEST_F(DecodeGraphs, LookaheadPastEosDropsTheExtraStepAndItsCache) {
+  // Greedy generation whose sequences end by an eos token while a chained step is in flight:
+  // the same tokens and finish reasons as eager steps, every cache released, and the same stats.
+  SCOPED_TRACE(seed);
+  const std::vector<runtime::GenerationRequest> reqs = {{random_ids(6, V, seed), 40, {}},
+                                                        {random_ids(11, V, seed + 1), 40, {}}};
+  runtime::Generator probe(m, kv, {});
+  const auto free_run = probe.generate(reqs);
+  // An eos that the first sequence meets mid-way (and the second maybe elsewhere).
+  const int32_t eos = free_run[0].tokens[free_run[0].tokens.size() / 2];
+  runtime::Generator eager(m, kv, {eos});
+  runtime::GenerationStats want_st, got_st;
+  const auto want = eager.generate(reqs, {}, &want_st);
+  runtime::DecodeGraphs graphs(m);
+  runtime::Generator graphed(m, kv, {eos}, &graphs);
+  const auto got = graphed.generate(reqs, {}, &got_st);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+    EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << "sequence " << i;
+  }
+  EXPECT_EQ(want[0].finish_reason, "eos");
+  EXPECT_EQ(got_st.decode_tokens, want_st.decode_tokens);
+  EXPECT_GT(graphs.stats().chained, 0);
+  EXPECT_EQ(kv.live_sequences(), 0);
+}
+
+TEST_F(DecodeGraphs, ASequenceDroppedOrAddedBesideALookaheadStep) {
+  // BatchStepper with its lookahead on: a sequence dropped while a chained step holds it, then
+  // one added, which takes its prefill in the step after the chained one's tokens.
+  SCOPED_TRACE(seed);
+  runtime::DecodeGraphs graphs(m);
+  runtime::BatchStepper stepper(m, kv, {}, &graphs);
+  stepper.set_lookahead(true);
+  const uint64_t k0 = stepper.add({random_ids(4, V, seed), 30, {}});
+  const uint64_t k1 = stepper.add({random_ids(8, V, seed + 1), 30, {}});
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(stepper.step().empty());
+  EXPECT_GT(graphs.stats().chained, 0);
+  const auto dropped = stepper.drop(k1);
+  EXPECT_EQ(dropped.finish_reason, "cancelled");
+  EXPECT_EQ(dropped.tokens.size(), 6u);
+  EXPECT_EQ(kv.live_sequences(), 2);  // k1's cache waits for the step in flight
+  runtime::BatchStepper::StepInfo info;
+  stepper.step(&info);  // the chained step's tokens: k0's only
+  EXPECT_EQ(info.decode_tokens, 1);
+  EXPECT_EQ(kv.live_sequences(), 1);
+  const uint64_t k2 = stepper.add({random_ids(3, V, seed + 2), 2, {}});
+  stepper.step(&info);
+  EXPECT_EQ(info.prompt_tokens, 3);
+  EXPECT_EQ(info.decode_tokens, 1);
+  const auto done = stepper.step();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].key, k2);
+  EXPECT_EQ(done[0].result.tokens.size(), 2u);
+  (void)k0;
 }
 
 TEST_F(DecodeGraphs, AtMostMaxGraphsAreKeptAndAnEvictedKeyRecordsAgain) {

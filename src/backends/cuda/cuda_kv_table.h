@@ -9,6 +9,8 @@ namespace locus::cuda {
 
 // One CTA per sequence copies its row (kv_append_kernel.cu).
 void kv_append_rows(const Tensor& src, const ops::KvTable& table, void* stream);
+// lengths[b] += 1 (kv_append_kernel.cu).
+void kv_lengths_advance(const Tensor& lengths, void* stream);
 // The tensor-core attention kernel with each sequence's key address and length read from the
 // table, up to kAttnMaxSeqs sequences a launch, key splits planned for table.max_keys
 // (cuda_attention.cpp).

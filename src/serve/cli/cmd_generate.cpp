@@ -98,10 +98,10 @@ int run_generate(const locus::runtime::LlmArgsCli& cli, const GenerateOptions& o
                reasons.c_str());
   if (stack->graphs) {
     const DecodeGraphs::Stats& g = stack->graphs->stats();
-    std::fprintf(stderr, "locus: decode graphs: %lld recorded, %lld steps replayed, %lld eager (first of a key), %lld declined, "
-                 "%lld evicted%s%s\n",
+    std::fprintf(stderr, "locus: decode graphs: %lld recorded, %lld steps replayed (%lld chained on the device), %lld eager "
+                 "(first of a key), %lld declined, %lld evicted%s%s\n",
                  static_cast<long long>(g.recorded), static_cast<long long>(g.replays),
-                 static_cast<long long>(g.eager_steps), static_cast<long long>(g.declined),
+                 static_cast<long long>(g.chained), static_cast<long long>(g.eager_steps), static_cast<long long>(g.declined),
                  static_cast<long long>(g.evicted),
                  g.capture_failure.empty() ? "" : "; a capture failed: ", g.capture_failure.c_str());
   }
