@@ -1,9 +1,7 @@
 #include "ops/side_stream.h"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "core/device_hooks.h"
+#include "core/env_switch.h"
 #include "core/error.h"
 #if defined(LOCUS_WITH_CUDA)
 #include "backends/cuda/cuda_ops.h"
@@ -15,10 +13,7 @@ namespace {
 
 // LOCUS_SIDE_STREAM=0 queues side work on the caller's stream (an A/B switch; read once).
 bool side_streams_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOCUS_SIDE_STREAM");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("LOCUS_SIDE_STREAM");
   return on;
 }
 

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
+
+#include "core/env_switch.h"
 
 namespace locus::runtime {
 namespace {
@@ -15,10 +15,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 // LOCUS_DECODE_LOOKAHEAD=0 turns the stepper's lookahead off (an A/B switch; read once).
 bool lookahead_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("LOCUS_DECODE_LOOKAHEAD");
-    return !(v && std::strcmp(v, "0") == 0);
-  }();
+  static const bool on = env_switch_on("LOCUS_DECODE_LOOKAHEAD");
   return on;
 }
 

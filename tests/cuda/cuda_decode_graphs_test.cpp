@@ -255,6 +255,21 @@ struct TwinCaches {
     m.forward({{prompt, &a}});
     m.forward({{prompt, &b}});
   }
+  // The decode step of token `id` over b, eagerly through forward_decode_table (fetched logits).
+  Tensor eager_table_step(int32_t id) {
+    const int64_t L = gpu.config.num_hidden_layers;
+    Tensor rows = Tensor::empty({L, 1}, DType::kI64), small = Tensor::empty({2}, DType::kI32);
+    for (int64_t l = 0; l < L; ++l)
+      rows.data<int64_t>()[l] = reinterpret_cast<intptr_t>(b.layers[static_cast<size_t>(l)].latent.data_ptr());
+    small.data<int32_t>()[0] = id;
+    small.data<int32_t>()[1] = static_cast<int32_t>(b.length());
+    const Tensor small_gpu = to_gpu(small);
+    const models::DecodeTables t{small_gpu.slice(0, 0, 1), small_gpu.slice(0, 1, 2), to_gpu(rows),
+                                 runtime::DecodeGraphs::key_bound(b.length())};
+    const Tensor logits = fetch(m.forward_decode_table(t));
+    for (auto& layer : b.layers) ++layer.length;
+    return logits;
+  }
 };
 
 TEST(CudaDecodeGraphs, AReplayAfterAnInPlaceReloadUsesTheNewWeights) {
@@ -296,17 +311,7 @@ TEST(CudaDecodeGraphs, ReplaysAreTheEagerTableStepBitwise) {
   runtime::DecodeGraphs graphs(m);
   for (int step = 0; step < 4; ++step) {
     const int32_t id = random_ids(1, V, seed + 10 + static_cast<uint64_t>(step))[0];
-    const int64_t L = gpu.config.num_hidden_layers;
-    Tensor rows = Tensor::empty({L, 1}, DType::kI64), small = Tensor::empty({2}, DType::kI32);
-    for (int64_t l = 0; l < L; ++l)
-      rows.data<int64_t>()[l] = reinterpret_cast<intptr_t>(b.layers[static_cast<size_t>(l)].latent.data_ptr());
-    small.data<int32_t>()[0] = id;
-    small.data<int32_t>()[1] = static_cast<int32_t>(b.length());
-    const Tensor small_gpu = to_gpu(small);
-    const models::DecodeTables t{small_gpu.slice(0, 0, 1), small_gpu.slice(0, 1, 2), to_gpu(rows),
-                                 runtime::DecodeGraphs::key_bound(b.length())};
-    const Tensor want = fetch(m.forward_decode_table(t));
-    for (auto& layer : b.layers) ++layer.length;
+    const Tensor want = twin.eager_table_step(id);
     const Tensor got = graphs.step({{{id}, &a}});
     ASSERT_TRUE(got.defined());
     EXPECT_TRUE(bitwise_equal(fetch(got), want)) << "step " << step;
@@ -323,24 +328,10 @@ TEST(CudaDecodeGraphs, ChainedStepsAreTheTableStepsOfTheDeviceTokens) {
   SCOPED_TRACE(seed);
   TwinCaches twin(7, seed);
   auto& [gpu, m, V, a, b] = twin;
-  const int64_t L = gpu.config.num_hidden_layers;
-  auto table_step = [&](int32_t id) {  // the eager twin: forward_decode_table over b
-    Tensor rows = Tensor::empty({L, 1}, DType::kI64), small = Tensor::empty({2}, DType::kI32);
-    for (int64_t l = 0; l < L; ++l)
-      rows.data<int64_t>()[l] = reinterpret_cast<intptr_t>(b.layers[static_cast<size_t>(l)].latent.data_ptr());
-    small.data<int32_t>()[0] = id;
-    small.data<int32_t>()[1] = static_cast<int32_t>(b.length());
-    const Tensor small_gpu = to_gpu(small);
-    const models::DecodeTables t{small_gpu.slice(0, 0, 1), small_gpu.slice(0, 1, 2), to_gpu(rows),
-                                 runtime::DecodeGraphs::key_bound(b.length())};
-    const Tensor logits = fetch(m.forward_decode_table(t));
-    for (auto& layer : b.layers) ++layer.length;
-    return logits;
-  };
   runtime::DecodeGraphs graphs(m);
   int32_t id = random_ids(1, V, seed + 10)[0];
   Tensor got = graphs.step({{{id}, &a}});
-  Tensor want = table_step(id);
+  Tensor want = twin.eager_table_step(id);
   ASSERT_TRUE(bitwise_equal(fetch(got), want));
   for (int step = 0; step < 6; ++step) {
     auto tokens = graphs.greedy_tokens(got);
@@ -348,7 +339,7 @@ TEST(CudaDecodeGraphs, ChainedStepsAreTheTableStepsOfTheDeviceTokens) {
     ASSERT_TRUE(got.defined()) << "step " << step;
     id = tokens.wait()[0];
     EXPECT_EQ(id, runtime::argmax_rows(want)[0]) << "step " << step;
-    want = table_step(id);
+    want = twin.eager_table_step(id);
     EXPECT_TRUE(bitwise_equal(fetch(got), want)) << "step " << step;
     EXPECT_EQ(a.length(), b.length());
   }

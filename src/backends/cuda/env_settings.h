@@ -5,13 +5,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env_switch.h"
+
 namespace locus::cuda::detail {
 
 // A switch that is on unless the environment variable `name` is "0".
-inline bool env_switch(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::strcmp(v, "0") == 0);
-}
+inline bool env_switch(const char* name) { return env_switch_on(name); }
 
 // The integer in the environment variable `name`, or `fallback` when it is unset or empty.
 inline int env_int(const char* name, int fallback) {
