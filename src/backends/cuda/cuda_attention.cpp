@@ -137,7 +137,8 @@ detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t 
 // The kernel for `a` over `keys` keys at most: the decode kernel where it applies and the keys are
 // few (decode_max_keys), else the tensor-core one (tc_smem: its shared memory, tc_smem_fitting).
 void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
-  if (keys <= decode_max_keys() && detail::attn_decode_applies(a)) {
+  const bool splits_fit = ceil_div(keys, detail::kAttnDecodeMaxSplitKeys) <= detail::kAttnMaxSplits;
+  if (keys <= decode_max_keys() && splits_fit && detail::attn_decode_applies(a)) {
     return run_splits(a, plan_decode_splits(a, keys, s, device), s,
                       [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); });
   }
