@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "core/host_profile.h"
 #include "ops/host_readback.h"
@@ -34,7 +35,10 @@ struct BatchStepper::Launched {
 
 BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
                            DecodeGraphs* graphs)
-    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
+    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {
+  static const bool lookahead_env = env_switch_on("LOCUS_DECODE_LOOKAHEAD");  // an A/B switch, read once
+  lookahead_enabled_ = graphs_ != nullptr && lookahead_env;
+}
 
 BatchStepper::~BatchStepper() {
   if (lookahead_) {
@@ -60,6 +64,15 @@ void BatchStepper::release_when_done(int64_t cache_id) {
   else kv_.release(cache_id);
 }
 
+void BatchStepper::settle_if_idle() {
+  if (!seqs_.empty() || !lookahead_) return;
+  // Every sequence it held has ended: wait for it (it runs only for them) and free their caches,
+  // so that the caches are free for whatever is added next.
+  std::vector<int64_t> caches = std::move(lookahead_->release_after);
+  lookahead_.reset();
+  for (int64_t c : caches) kv_.release(c);
+}
+
 GenerationResult BatchStepper::drop(uint64_t key) {
   auto it = std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& s) { return s->key == key; });
   LOCUS_CHECK(it != seqs_.end(), "BatchStepper: no sequence with key ", key);
@@ -67,6 +80,7 @@ GenerationResult BatchStepper::drop(uint64_t key) {
   GenerationResult r = std::move((*it)->result);
   r.finish_reason = "cancelled";
   seqs_.erase(it);
+  settle_if_idle();
   return r;
 }
 
@@ -177,6 +191,7 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     }
   }
   seqs_ = std::move(running);
+  settle_if_idle();
   if (info) *info = st;
   return finished;
 }

@@ -59,13 +59,14 @@ class BatchStepper {
     uint64_t key;
     GenerationResult result;
   };
-  // Lookahead (needs decode graphs; off by default): where every sequence decodes greedily and
-  // none reaches its token limit with the coming token, the next decode step is launched from the
-  // device (DecodeGraphs::step_chained: the coming tokens never visit the host first) before this
+  // Lookahead (with decode graphs; on unless LOCUS_DECODE_LOOKAHEAD=0): where every sequence
+  // decodes greedily and none reaches its token limit with the coming token, the next decode step
+  // is launched from the device (DecodeGraphs::step_chained: the coming tokens never visit the host first) before this
   // step's tokens are read back, so the device does not wait for the host between steps. A
   // sequence that ends by eos has then had one step too many run for it, whose token is dropped
-  // (its cache is released after that step). The next step() returns that step's tokens; a
-  // sequence added meanwhile takes its prefill in the step() after.
+  // (its cache is released after that step, or at once when no sequence is left). The next
+  // step() returns that step's tokens (StepInfo: no prompt tokens); a sequence added meanwhile
+  // takes its prefill in the step() after.
   void set_lookahead(bool on) { lookahead_enabled_ = on; }
 
   // One forward over every sequence: the prompt of each sequence added since the last step, one
@@ -83,6 +84,7 @@ class BatchStepper {
   std::unique_ptr<Launched> launch_chained(const Launched& now);
   std::vector<int32_t> collect(Launched& step);  // waits for its tokens (or samples them)
   void release_when_done(int64_t cache_id);      // now, or after the step in flight that writes it
+  void settle_if_idle();  // no sequence left: waits for the step in flight and frees its caches
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;

@@ -4,19 +4,11 @@
 #include <chrono>
 #include <memory>
 
-#include "core/env_switch.h"
-
 namespace locus::runtime {
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// LOCUS_DECODE_LOOKAHEAD=0 turns the stepper's lookahead off (an A/B switch; read once).
-bool lookahead_on() {
-  static const bool on = env_switch_on("LOCUS_DECODE_LOOKAHEAD");
-  return on;
 }
 
 }  // namespace
@@ -36,9 +28,6 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
                 requests[i].max_new_tokens, " (prompt ", i, ")");
   }
   BatchStepper stepper(model_, kv_, eos_, graphs_);  // every cache is acquired before any compute
-  // A fixed set of requests runs to its end: the next greedy decode step may be launched before
-  // this one's tokens are read (with decode graphs).
-  stepper.set_lookahead(graphs_ != nullptr && lookahead_on());
   for (size_t i = 0; i < n; ++i) {          // request i gets key i
     GenerationRequest r = requests[i];
     r.sampling.seed += i;

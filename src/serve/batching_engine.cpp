@@ -74,8 +74,9 @@ void BatchingEngine::admit(std::deque<Pending>& arrived) {
 
 void BatchingEngine::step() {
   std::vector<runtime::BatchStepper::Finished> finished;
+  runtime::BatchStepper::StepInfo info;
   try {
-    finished = stepper_.step();
+    finished = stepper_.step(&info);
   } catch (...) {
     const auto error = std::current_exception();
     const bool retry = !stepper_.empty() && !just_added_.empty() && just_added_.size() < stepper_.size();
@@ -94,7 +95,9 @@ void BatchingEngine::step() {
     just_added_.clear();
     return;
   }
-  just_added_.clear();
+  // The requests just added took their prefill in this step, unless it was a lookahead step
+  // launched before they came (no prompts then): they stay fresh until their own.
+  if (info.prompt_tokens > 0) just_added_.clear();
   for (auto& f : finished) {
     auto it = in_flight_.find(f.key);
     it->second.done.set_value(std::move(f.result));

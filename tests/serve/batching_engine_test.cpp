@@ -157,15 +157,20 @@ TEST(BatchingEngine, RequestsWaitForKvCacheRoom) {
 }
 
 // A request the model rejects at its first forward (a token id outside the vocabulary) fails
-// alone; the request it was batched with goes on to the same tokens as alone.
-TEST(BatchingEngine, ARequestTheModelRejectsFailsAlone) {
+// alone; the request it was batched with goes on to the same tokens as alone. With decode graphs
+// the greedy request's steps chain on the device (the stepper's lookahead), so the bad request
+// arrives beside a step already launched and takes its (failing) prefill in the step after: it
+// must still fail alone.
+void check_a_rejected_request_fails_alone(bool with_graphs) {
+  SCOPED_TRACE(with_graphs ? "decode graphs" : "eager");
   EngineFixture f;
+  runtime::DecodeGraphs graphs(*f.lm.model);
   const runtime::GenerationRequest good{random_ids(5, f.vocab(), fresh_seed()), 12, {}};
   const auto good_alone = f.alone(good);
-  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4);
+  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, with_graphs ? &graphs : nullptr);
   std::atomic<int> good_tokens{0};
   auto good_done = engine.submit({good, [&](int32_t) { ++good_tokens; }});
-  wait_for(good_tokens, 1);
+  wait_for(good_tokens, 3);
   runtime::GenerationRequest bad{{1, static_cast<int32_t>(f.vocab() + 5)}, 4, {}};
   try {
     engine.submit({bad, {}}).get();
@@ -175,6 +180,34 @@ TEST(BatchingEngine, ARequestTheModelRejectsFailsAlone) {
   }
   EXPECT_EQ(good_done.get().tokens, good_alone);
   EXPECT_EQ(f.kv.live_sequences(), 0);
+  if (with_graphs) EXPECT_GT(graphs.stats().chained, 0);
+}
+
+TEST(BatchingEngine, ARequestTheModelRejectsFailsAlone) {
+  check_a_rejected_request_fails_alone(false);
+  check_a_rejected_request_fails_alone(true);
+}
+
+// With decode graphs (and so the lookahead): a greedy request joins a running greedy one, a
+// third is cancelled mid-way; each ends with its own token count and every cache comes back.
+TEST(BatchingEngine, RequestsComeAndGoBesideLookaheadSteps) {
+  EngineFixture f;
+  runtime::DecodeGraphs graphs(*f.lm.model);
+  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, &graphs);
+  std::atomic<int> first_tokens{0}, cancelled_tokens{0};
+  auto first = engine.submit({{random_ids(4, f.vocab(), fresh_seed()), 30, {}}, [&](int32_t) { ++first_tokens; }});
+  wait_for(first_tokens, 4);
+  auto joiner = engine.submit({{random_ids(6, f.vocab(), fresh_seed()), 9, {}}, {}});
+  auto cancelled = engine.submit({{random_ids(3, f.vocab(), fresh_seed()), 40, {}},
+                                  [&](int32_t) { ++cancelled_tokens; },
+                                  [&] { return cancelled_tokens.load() >= 5; }});
+  const auto c = cancelled.get();
+  EXPECT_EQ(c.finish_reason, "cancelled");
+  EXPECT_EQ(c.tokens.size(), 5u);
+  EXPECT_EQ(joiner.get().tokens.size(), 9u);
+  EXPECT_EQ(first.get().tokens.size(), 30u);
+  EXPECT_EQ(f.kv.live_sequences(), 0);
+  EXPECT_GT(graphs.stats().chained, 0);
 }
 
 }  // namespace
