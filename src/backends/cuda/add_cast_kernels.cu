@@ -83,8 +83,8 @@ template <class AT, class BT, class YT, bool kAdd>
 void launch(const ElementwiseArgs& p, bool vec, cudaStream_t s) {
   const int threads = 256;
   const int blocks = grid_blocks((p.total_packs + threads - 1) / threads, 4096);
-  if (vec) launch_small_op(elementwise_kernel<AT, BT, YT, kAdd, kVec>, blocks, threads, 0, s, "elementwise kernel launch", p);
-  else launch_small_op(elementwise_kernel<AT, BT, YT, kAdd, 1>, blocks, threads, 0, s, "elementwise kernel launch", p);
+  auto* kernel = vec ? elementwise_kernel<AT, BT, YT, kAdd, kVec> : elementwise_kernel<AT, BT, YT, kAdd, 1>;
+  launch_small_op(kernel, blocks, threads, 0, s, "elementwise kernel launch", p);
 }
 
 }  // namespace

@@ -246,7 +246,8 @@ void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaS
   const int64_t groups = (a.H + HB - 1) / HB;
   LOCUS_CHECK(split.splits >= 1 && split.splits <= kAttnMaxSplits && split.split_keys >= 1 &&
                   split.split_keys <= kAttnDecodeMaxSplitKeys,
-              "MLA decode attention: ", split.splits, " key splits of ", split.split_keys, " keys do not fit the kernel");
+              "MLA decode attention: ", split.splits, " key splits of ", split.split_keys,
+              " keys do not fit the kernel");
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(split.splits),
                   static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
   launch_small_op(attn_decode_kernel, grid, kThreads, 0, stream, "MLA decode attention kernel launch", a, split);

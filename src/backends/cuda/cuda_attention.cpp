@@ -129,7 +129,8 @@ detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t 
   if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
   const int64_t fill = std::max<int64_t>(1, ceil_div(2 * static_cast<int64_t>(sms), ctas));
   detail::AttnSplit sp;
-  sp.split_keys = std::min<int64_t>(std::max(kDecodeMinSplitKeys, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
+  sp.split_keys =
+      std::min<int64_t>(std::max(kDecodeMinSplitKeys, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
   sp.splits = static_cast<int>(ceil_div(keys, sp.split_keys));
   return sp;
 }

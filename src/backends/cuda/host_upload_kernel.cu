@@ -24,8 +24,8 @@ void launch_copy(const void* src, void* dst, size_t bytes, cudaStream_t stream) 
   const int64_t n = static_cast<int64_t>(bytes / sizeof(V));
   constexpr int kThreads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 64));
-  detail::launch_small_op(host_copy_kernel<V>, blocks, kThreads, 0, stream, "host upload kernel launch", static_cast<const V*>(src),
-                          static_cast<V*>(dst), n);
+  detail::launch_small_op(host_copy_kernel<V>, blocks, kThreads, 0, stream, "host upload kernel launch",
+                          static_cast<const V*>(src), static_cast<V*>(dst), n);
 }
 
 }  // namespace

@@ -138,8 +138,8 @@ void launch_rmsnorm(const char* op, const Tensor& x, const Tensor* r, const Tens
         using XT = decltype(xt);
         using WT = decltype(wt);
         using YT = decltype(yt);
-        if (vec) launch_small_op(rmsnorm_kernel<XT, WT, YT, kVec>, grid_blocks(a.num_rows), threads, 0, s, "rmsnorm kernel launch", a);
-        else launch_small_op(rmsnorm_kernel<XT, WT, YT, 1>, grid_blocks(a.num_rows), threads, 0, s, "rmsnorm kernel launch", a);
+        auto* kernel = vec ? rmsnorm_kernel<XT, WT, YT, kVec> : rmsnorm_kernel<XT, WT, YT, 1>;
+        launch_small_op(kernel, grid_blocks(a.num_rows), threads, 0, s, "rmsnorm kernel launch", a);
       });
     });
   });
@@ -177,8 +177,8 @@ void embedding(const Tensor& table, const Tensor& ids, const Tensor& y, void* st
       using YT = decltype(yt);
       auto launch = [&](auto id_tag) {
         using Id = decltype(id_tag);
-        if (vec) launch_small_op(embedding_kernel<TT, YT, Id, kVec>, grid_blocks(a.tokens), threads, 0, s, "embedding kernel launch", a);
-        else launch_small_op(embedding_kernel<TT, YT, Id, 1>, grid_blocks(a.tokens), threads, 0, s, "embedding kernel launch", a);
+        auto* kernel = vec ? embedding_kernel<TT, YT, Id, kVec> : embedding_kernel<TT, YT, Id, 1>;
+        launch_small_op(kernel, grid_blocks(a.tokens), threads, 0, s, "embedding kernel launch", a);
       };
       if (ids.dtype() == DType::kI32) launch(int32_t{});
       else launch(int64_t{});

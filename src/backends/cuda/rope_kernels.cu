@@ -81,8 +81,8 @@ void launch(RopeArgs a, cudaStream_t s) {
   a.units_per_head = a.half / P;
   const int threads = 256;
   const int64_t units = a.tokens * a.heads * a.units_per_head;
-  launch_small_op(rope_kernel<XT, Pos, kInterleaved, P>, grid_blocks((units + threads - 1) / threads, 4096), threads, 0, s,
-                  "rope kernel launch", a);
+  const int blocks = grid_blocks((units + threads - 1) / threads, 4096);
+  launch_small_op(rope_kernel<XT, Pos, kInterleaved, P>, blocks, threads, 0, s, "rope kernel launch", a);
 }
 
 }  // namespace

@@ -247,8 +247,8 @@ void topk(const Tensor& x, int64_t k, const Tensor& values, const Tensor& indice
     const int threads = in_shared ? block_threads((n + (vec ? kVec : 1) - 1) / (vec ? kVec : 1), 1024) : 1024;
     auto launch = [&](auto id_tag) {
       using Id = decltype(id_tag);
-      if (vec) launch_small_op(topk_kernel<XT, Id, kVec>, grid_blocks(a.num_rows), threads, shared_bytes, s, "topk kernel launch", a);
-      else launch_small_op(topk_kernel<XT, Id, 1>, grid_blocks(a.num_rows), threads, shared_bytes, s, "topk kernel launch", a);
+      auto* kernel = vec ? topk_kernel<XT, Id, kVec> : topk_kernel<XT, Id, 1>;
+      launch_small_op(kernel, grid_blocks(a.num_rows), threads, shared_bytes, s, "topk kernel launch", a);
     };
     if (indices.dtype() == DType::kI32) launch(int32_t{});
     else launch(int64_t{});
