@@ -71,7 +71,7 @@ void add_rmsnorm(const Tensor& x, const Tensor& r, const Tensor& weight, float e
   checks::same_device(op, "r", r, "x", x);
   check_alias(op, y, "x", x, false);
   check_alias(op, y, "r", r, false);
-  check_alias(op, x, "r", r, false);
+  LOCUS_CHECK(!checks::may_overlap(x, r), op, ": x (updated in place) overlaps r");
   if (x.device().is_cpu()) {
     cpu::ThreadPool& pool = cpu::ThreadPool::from_native(stream.native);
     cpu::add(x, r, x, pool);

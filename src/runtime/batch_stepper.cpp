@@ -26,7 +26,7 @@ struct BatchStepper::Sequence {
 // from; caches of sequences that ended while it was in flight, to release once it is done.
 struct BatchStepper::Launched {
   std::vector<uint64_t> keys;
-  StepInfo info;
+  int64_t prompt_tokens = 0;
   bool greedy = false;
   Tensor logits;                                       // where the tokens are not on their way yet
   std::optional<DecodeGraphs::GreedyTokens> tokens;    // greedy steps run by the graphs
@@ -41,12 +41,12 @@ BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager&
 }
 
 BatchStepper::~BatchStepper() {
-  if (lookahead_) {
-    std::vector<int64_t> caches = std::move(lookahead_->release_after);
-    lookahead_.reset();  // waits for its copy, so for the step itself
-    for (int64_t c : caches) kv_.release(c);
-  }
+  finish_lookahead();
   for (auto& s : seqs_) kv_.release(s->cache_id);
+}
+
+BatchStepper::SequenceList::iterator BatchStepper::find(uint64_t key) {
+  return std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& s) { return s->key == key; });
 }
 
 uint64_t BatchStepper::add(const GenerationRequest& r, std::function<void(int32_t)> on_token) {
@@ -64,53 +64,50 @@ void BatchStepper::release_when_done(int64_t cache_id) {
   else kv_.release(cache_id);
 }
 
-void BatchStepper::settle_if_idle() {
-  if (!seqs_.empty() || !lookahead_) return;
-  // Every sequence it held has ended: wait for it (it runs only for them) and free their caches,
-  // so that the caches are free for whatever is added next.
+void BatchStepper::finish_lookahead() {
+  if (!lookahead_) return;
   std::vector<int64_t> caches = std::move(lookahead_->release_after);
-  lookahead_.reset();
+  lookahead_.reset();  // waits for its tokens' copy, so for the step itself
   for (int64_t c : caches) kv_.release(c);
 }
 
 GenerationResult BatchStepper::drop(uint64_t key) {
-  auto it = std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& s) { return s->key == key; });
+  auto it = find(key);
   LOCUS_CHECK(it != seqs_.end(), "BatchStepper: no sequence with key ", key);
   release_when_done((*it)->cache_id);  // a lookahead step may still write it
   GenerationResult r = std::move((*it)->result);
   r.finish_reason = "cancelled";
   seqs_.erase(it);
-  settle_if_idle();
+  if (seqs_.empty()) finish_lookahead();  // it ran for ended sequences only: free their caches now
   return r;
 }
 
-std::unique_ptr<BatchStepper::Launched> BatchStepper::launch(StepInfo* info) {
+std::unique_ptr<BatchStepper::Launched> BatchStepper::launch() {
   auto step = std::make_unique<Launched>();
   std::vector<models::SequenceStep> batch;
   for (auto& s : seqs_) {
     batch.push_back({s->next, &kv_.cache(s->cache_id)});
-    (s->prefilled ? info->decode_tokens : info->prompt_tokens) += static_cast<int64_t>(s->next.size());
+    if (!s->prefilled) step->prompt_tokens += static_cast<int64_t>(s->next.size());
     step->keys.push_back(s->key);
   }
   // A step whose sequences all decode greedily finds the tokens where the logits lie and brings
   // back one index per sequence; otherwise the samplers read the whole logits on the host.
   step->greedy = std::all_of(seqs_.begin(), seqs_.end(), [](const auto& s) { return s->sampler.params().greedy(); });
-  HostProfileScope profile(info->prompt_tokens > 0 ? "step (with prompts)" : "step (decode)");
+  HostProfileScope profile(step->prompt_tokens > 0 ? "step (with prompts)" : "step (decode)");
   // On failure the caches are as before: nothing changed.
-  if (graphs_ && info->prompt_tokens == 0) step->logits = graphs_->step(batch);
+  if (graphs_ && step->prompt_tokens == 0) step->logits = graphs_->step(batch);
   if (step->logits.defined() && step->greedy) {
     step->tokens.emplace(graphs_->greedy_tokens(step->logits));  // into the tables: a next step may chain
     step->logits = Tensor();
   } else if (!step->logits.defined()) {
     step->logits = model_.forward_on_device(batch);
   }
-  step->info = *info;
   return step;
 }
 
 std::unique_ptr<BatchStepper::Launched> BatchStepper::launch_chained(const Launched& now) {
   // The same sequences, all greedy, none ending by length with now's token or the next one.
-  if (!now.tokens || now.info.prompt_tokens > 0 || seqs_.size() != now.keys.size()) return nullptr;
+  if (!now.tokens || now.prompt_tokens > 0 || seqs_.size() != now.keys.size()) return nullptr;
   std::vector<models::SequenceStep> batch;
   for (size_t i = 0; i < seqs_.size(); ++i) {
     const Sequence& s = *seqs_[i];
@@ -123,7 +120,6 @@ std::unique_ptr<BatchStepper::Launched> BatchStepper::launch_chained(const Launc
   auto step = std::make_unique<Launched>();
   step->keys = now.keys;
   step->greedy = true;
-  step->info.decode_tokens = static_cast<int64_t>(batch.size());
   step->tokens.emplace(graphs_->greedy_tokens(logits));
   return step;
 }
@@ -137,7 +133,7 @@ std::vector<int32_t> BatchStepper::collect(Launched& step) {
   const int64_t vocab = model_.config().vocab_size;
   std::vector<int32_t> out;
   for (size_t i = 0; i < step.keys.size(); ++i) {
-    auto it = std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& s) { return s->key == step.keys[i]; });
+    auto it = find(step.keys[i]);  // a sampled step has no lookahead: its sequences are all here
     out.push_back((*it)->sampler.sample(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab));
   }
   return out;
@@ -145,9 +141,9 @@ std::vector<int32_t> BatchStepper::collect(Launched& step) {
 
 std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
   LOCUS_CHECK(!seqs_.empty(), "BatchStepper: no sequence to step");
-  StepInfo st;
   // The step launched by the last call, or a new one (its failure leaves the caches as before).
-  std::unique_ptr<Launched> now = lookahead_ ? std::move(lookahead_) : launch(&st);
+  std::unique_ptr<Launched> now = lookahead_ ? std::move(lookahead_) : launch();
+  StepInfo st{now->prompt_tokens, 0};
   std::vector<Finished> finished;
   try {
     // Before waiting for this step's tokens, the next one from the device (lookahead).
@@ -155,9 +151,8 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     const std::vector<int32_t> tokens = collect(*now);
     for (int64_t c : now->release_after) kv_.release(c);
     now->release_after.clear();
-    st = StepInfo{now->info.prompt_tokens, 0};
     for (size_t i = 0; i < now->keys.size(); ++i) {
-      auto it = std::find_if(seqs_.begin(), seqs_.end(), [&](const auto& s) { return s->key == now->keys[i]; });
+      auto it = find(now->keys[i]);
       if (it == seqs_.end()) continue;  // dropped, or ended, since the step was launched
       Sequence& s = **it;
       const int32_t t = tokens[i];
@@ -172,16 +167,15 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
   } catch (...) {
     // A sampler, a callback or a lookahead failed after the caches moved on: no sequence can
     // continue. The steps in flight are waited for before their caches go back.
-    std::vector<int64_t> caches = std::move(now->release_after);
-    if (lookahead_) caches.insert(caches.end(), lookahead_->release_after.begin(), lookahead_->release_after.end());
-    lookahead_.reset();
-    now.reset();
+    finish_lookahead();
+    const std::vector<int64_t> caches = std::move(now->release_after);
+    now.reset();  // waits for its tokens' copy, so for the step itself
     for (int64_t c : caches) kv_.release(c);
     for (auto& s : seqs_) kv_.release(s->cache_id);
     seqs_.clear();
     throw;
   }
-  std::vector<std::unique_ptr<Sequence>> running;
+  SequenceList running;
   for (auto& s : seqs_) {
     if (s->result.finish_reason.empty()) {
       running.push_back(std::move(s));
@@ -191,7 +185,7 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     }
   }
   seqs_ = std::move(running);
-  settle_if_idle();
+  if (seqs_.empty()) finish_lookahead();  // it ran for ended sequences only: free their caches now
   if (info) *info = st;
   return finished;
 }

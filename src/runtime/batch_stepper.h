@@ -79,18 +79,20 @@ class BatchStepper {
  private:
   struct Sequence;
   struct Launched;  // a step queued on the device, its tokens not yet read
-  std::unique_ptr<Launched> launch(StepInfo* info);
+  using SequenceList = std::vector<std::unique_ptr<Sequence>>;
+  SequenceList::iterator find(uint64_t key);  // seqs_.end() when it is not there
+  std::unique_ptr<Launched> launch();
   // The chained step after `now` (lookahead), or null where it cannot run.
   std::unique_ptr<Launched> launch_chained(const Launched& now);
   std::vector<int32_t> collect(Launched& step);  // waits for its tokens (or samples them)
   void release_when_done(int64_t cache_id);      // now, or after the step in flight that writes it
-  void settle_if_idle();  // no sequence left: waits for the step in flight and frees its caches
+  void finish_lookahead();  // waits for the step in flight, if any, and frees the caches it held
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;
   DecodeGraphs* graphs_;
   uint64_t next_key_ = 0;
-  std::vector<std::unique_ptr<Sequence>> seqs_;
+  SequenceList seqs_;
   bool lookahead_enabled_ = false;
   std::unique_ptr<Launched> lookahead_;  // launched by the last step(), its tokens for the next
 };

@@ -6,22 +6,21 @@
 #include "runtime/decode_graphs.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 #include "core/host_profile.h"
 #include "ops/host_readback.h"
 #include "ops/host_upload.h"
 #include "ops/kv_table.h"
-#include "ops/softmax_topk.h"
+#include "runtime/sampler.h"
 
 namespace locus::runtime {
 
 // One key's graphs and the device tables they read (allocated once: the graphs hold their
 // addresses).
 struct DecodeGraphs::Entry {
-  models::DecodeTables tables;   // ids and lengths share one i32 buffer, [ids | lengths | argmax values]
-  Tensor small;                  // i32 [3B] on the model's device
+  models::DecodeTables tables;   // ids and lengths are views of `small`
+  Tensor small;                  // i32 [3B] on the model's device: [ids | lengths | argmax values (fp32)]
   Tensor small_host, rows_host;  // staging (page-locked for CUDA): i32 [2B] (ids, lengths), i64 [layers, B]
   bool warmed = false;           // the key's first (eager) step ran
   int64_t last_used = 0;         // DecodeGraphs::clock_ at its last step
@@ -56,10 +55,11 @@ struct DecodeGraphs::GreedyTokens::Copy {
   std::unique_ptr<ops::HostReadback> back;    // CUDA: their copy in flight
 };
 
-DecodeGraphs::GreedyTokens::GreedyTokens(const Tensor& both, int64_t rows) : copy_(new Copy), rows_(rows) {
+DecodeGraphs::GreedyTokens::GreedyTokens(const Tensor& small, int64_t rows, int64_t vocab)
+    : copy_(new Copy), rows_(rows), vocab_(vocab) {
   // On the CPU the buffer is the next step's ids and is rewritten by it: take the values now.
-  if (both.device().is_cpu()) copy_->taken = both.clone();
-  else copy_->back = std::make_unique<ops::HostReadback>(both);
+  if (small.device().is_cpu()) copy_->taken = small.clone();
+  else copy_->back = std::make_unique<ops::HostReadback>(small);
 }
 DecodeGraphs::GreedyTokens::GreedyTokens(GreedyTokens&&) noexcept = default;
 DecodeGraphs::GreedyTokens::~GreedyTokens() = default;
@@ -67,14 +67,7 @@ DecodeGraphs::GreedyTokens::~GreedyTokens() = default;
 std::vector<int32_t> DecodeGraphs::GreedyTokens::wait() {
   const Tensor host = copy_->back ? copy_->back->wait() : copy_->taken;
   const int32_t* ids = host.data<int32_t>();
-  const float* values = reinterpret_cast<const float*>(ids + 2 * rows_);
-  std::vector<int32_t> out(static_cast<size_t>(rows_));
-  for (int64_t r = 0; r < rows_; ++r) {
-    // top-k lets a NaN win only where nothing else is left.
-    LOCUS_CHECK(!std::isnan(values[r]), "argmax: every logit of row ", r, " is NaN");
-    out[static_cast<size_t>(r)] = ids[r];
-  }
-  return out;
+  return argmax_tokens(ids, reinterpret_cast<const float*>(ids + 2 * rows_), rows_, vocab_);
 }
 
 DecodeGraphs::DecodeGraphs(models::DeepseekV3ForCausalLM& model, int max_graphs)
@@ -230,18 +223,13 @@ Tensor DecodeGraphs::step(const std::vector<models::SequenceStep>& batch) {
 DecodeGraphs::GreedyTokens DecodeGraphs::greedy_tokens(const Tensor& logits) {
   LOCUS_CHECK(last_ != nullptr, "DecodeGraphs::greedy_tokens: no step to take the tokens of");
   const int64_t B = last_->tables.ids.size(0);
-  LOCUS_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == B && logits.dtype() == DType::kFP32,
-              "DecodeGraphs::greedy_tokens: logits must be fp32 [", B, ", vocab], got ",
-              logits.defined() ? logits.describe() : std::string("an undefined tensor"));
+  LOCUS_CHECK(logits.defined() && logits.dim() == 2 && logits.size(0) == B, "DecodeGraphs::greedy_tokens: logits must be [",
+              B, ", vocab], got ", logits.defined() ? logits.describe() : std::string("an undefined tensor"));
   // Indices into the tables' ids, values into the buffer's third part; both come back together.
-  const Tensor& small = last_->small;
-  auto* base = static_cast<int32_t*>(small.data_ptr());
-  const Tensor ids = Tensor::from_blob(base, {B, 1}, DType::kI32, small.device());
-  const Tensor values = Tensor::from_blob(base + 2 * B, {B, 1}, DType::kFP32, small.device());
-  const Stream stream{model_.options().device, nullptr};
-  ops::topk(logits, 1, values, ids, stream);
+  auto* base = static_cast<int32_t*>(last_->small.data_ptr());
+  queue_argmax_rows(logits, base, reinterpret_cast<float*>(base + 2 * B), Stream{model_.options().device, nullptr});
   last_tokens_queued_ = true;
-  return GreedyTokens(small, B);
+  return GreedyTokens(last_->small, B, logits.size(1));
 }
 
 Tensor DecodeGraphs::step_chained(const std::vector<models::SequenceStep>& batch) {

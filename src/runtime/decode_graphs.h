@@ -61,10 +61,10 @@ class DecodeGraphs {
 
    private:
     friend class DecodeGraphs;
-    GreedyTokens(const Tensor& both, int64_t rows);
+    GreedyTokens(const Tensor& small, int64_t rows, int64_t vocab);
     struct Copy;  // the readback in flight (or, on the CPU, the values taken at once)
     std::unique_ptr<Copy> copy_;
-    int64_t rows_;
+    int64_t rows_, vocab_;
   };
   GreedyTokens greedy_tokens(const Tensor& logits);
 

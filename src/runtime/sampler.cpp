@@ -37,28 +37,44 @@ int32_t argmax(const float* logits, int64_t vocab) {
   return static_cast<int32_t>(best);
 }
 
-std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream) {
+namespace {
+
+void check_logits_rows(const Tensor& logits) {
   LOCUS_CHECK(logits.defined() && logits.dtype() == DType::kFP32 && logits.dim() == 2 && logits.size(1) > 0,
               "argmax_rows: logits must be fp32 [rows, vocab] with vocab > 0, got ",
               logits.defined() ? logits.describe() : std::string("an undefined tensor"));
-  const int64_t rows = logits.size(0), vocab = logits.size(1);
-  // Indices and values in one buffer, so that one copy brings both back.
-  Tensor both = Tensor::empty({2 * rows}, DType::kI32, logits.device());
-  auto* base = static_cast<int32_t*>(both.data_ptr());
-  const Tensor indices = Tensor::from_blob(base, {rows, 1}, DType::kI32, logits.device());
-  const Tensor values = Tensor::from_blob(base + rows, {rows, 1}, DType::kFP32, logits.device());
-  ops::topk(logits, 1, values, indices, stream);
-  ops::HostReadback back(both, stream);
-  const Tensor host = back.wait();
-  const int32_t* index = host.data<int32_t>();
-  const float* value = reinterpret_cast<const float*>(index + rows);
+}
+
+}  // namespace
+
+void queue_argmax_rows(const Tensor& logits, int32_t* ids, float* values, const Stream& stream) {
+  check_logits_rows(logits);
+  const int64_t rows = logits.size(0);
+  ops::topk(logits, 1, Tensor::from_blob(values, {rows, 1}, DType::kFP32, logits.device()),
+            Tensor::from_blob(ids, {rows, 1}, DType::kI32, logits.device()), stream);
+}
+
+std::vector<int32_t> argmax_tokens(const int32_t* ids, const float* values, int64_t rows, int64_t vocab) {
   std::vector<int32_t> out(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     // topk lets a NaN win only where nothing else is left.
-    LOCUS_CHECK(!std::isnan(value[r]), "argmax: every one of the ", vocab, " logits is NaN");
-    out[static_cast<size_t>(r)] = index[r];
+    LOCUS_CHECK(!std::isnan(values[r]), "argmax: every one of the ", vocab, " logits is NaN");
+    out[static_cast<size_t>(r)] = ids[r];
   }
   return out;
+}
+
+std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream) {
+  check_logits_rows(logits);
+  // Indices and values in one buffer, so that one copy brings both back.
+  const int64_t rows = logits.size(0);
+  Tensor both = Tensor::empty({2 * rows}, DType::kI32, logits.device());
+  auto* base = static_cast<int32_t*>(both.data_ptr());
+  queue_argmax_rows(logits, base, reinterpret_cast<float*>(base + rows), stream);
+  ops::HostReadback back(both, stream);
+  const Tensor host = back.wait();
+  const int32_t* ids = host.data<int32_t>();
+  return argmax_tokens(ids, reinterpret_cast<const float*>(ids + rows), rows, logits.size(1));
 }
 
 Sampler::Sampler(SamplingParams params) : params_(params), rng_(params.seed) { params_.validate(); }

@@ -34,6 +34,12 @@ int32_t argmax(const float* logits, int64_t vocab);
 // greedy decode step then copies a few bytes per sequence instead of its whole logits row. The
 // same tokens as argmax() row by row, and the same error for a row that is all NaN.
 std::vector<int32_t> argmax_rows(const Tensor& logits, const Stream& stream = {});
+// argmax_rows in two halves, for callers that keep the winners on the device (DecodeGraphs):
+// queues the top-1 of each row of `logits` into `ids` and `values` (rows elements each, memory
+// of the logits' device); then, from their host copies, the tokens and the same error for a row
+// that is all NaN.
+void queue_argmax_rows(const Tensor& logits, int32_t* ids, float* values, const Stream& stream = {});
+std::vector<int32_t> argmax_tokens(const int32_t* ids, const float* values, int64_t rows, int64_t vocab);
 
 class Sampler {
  public:
