@@ -2,14 +2,17 @@
 // latent head of 512 + 64 dims, one new token per sequence), as one layer of a decode step runs
 // it for a batch of B sequences of S keys each, with one ops::mla_attention_batch call:
 //   tensor-core   on the tensor-core kernel (64 query rows a CTA, key splits to fill the GPU);
-//   decode        on the CUDA-core decode kernel (4 heads a CTA, key splits of 128-512 keys);
-//   as chosen     the op's own choice (the decode kernel up to LOCUS_ATTN_DECODE_MAX_KEYS keys).
+//   decode/K      on the CUDA-core decode kernel (4 heads a CTA), key splits of K keys or more
+//                 (one column for each K of --split-keys);
+//   as chosen     the op's own choice (the decode kernel up to LOCUS_ATTN_DECODE_MAX_KEYS keys of
+//                 all sequences, splits of LOCUS_ATTN_DECODE_SPLIT_KEYS keys or more).
 // Columns: us per layer call (median over replays of a graph of R calls, the graphs
 // interleaved), and the caches' bytes read per second as chosen; each call reads its own copy of
 // the caches (rotated so that they exceed the L2).
-// usage: cuda_attention_bench [--batches B1,B2,..] [--keys S1,S2,..]
+// usage: cuda_attention_bench [--batches B1,B2,..] [--keys S1,S2,..] [--split-keys K1,K2,..]
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -54,15 +57,20 @@ Batch make_batch(int64_t B, int64_t S, int copies, std::mt19937_64& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int64_t> batches = {1, 2, 8, 32}, key_counts = {64, 128, 256, 512, 1024, 4096};
+  std::vector<int64_t> batches = {1, 2, 8, 32}, key_counts = {64, 128, 256, 512, 1024, 4096},
+                       split_keys = {32, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--batches" && i + 1 < argc) {
       if (!parse_m_list(argv[++i], 256, &batches)) return 2;
     } else if (a == "--keys" && i + 1 < argc) {
       if (!parse_m_list(argv[++i], 1 << 20, &key_counts)) return 2;
+    } else if (a == "--split-keys" && i + 1 < argc) {
+      if (!parse_m_list(argv[++i], 512, &split_keys)) return 2;
     } else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_attention_bench [--batches B1,..] [--keys S1,..]\n",
+      std::fprintf(stderr,
+                   "unknown argument '%s'\nusage: cuda_attention_bench [--batches B1,..] [--keys S1,..] "
+                   "[--split-keys K1,..]\n",
                    a.c_str());
       return 2;
     }
@@ -74,9 +82,13 @@ int main(int argc, char** argv) {
               "bandwidth %.0f GB/s\n\n",
               static_cast<long long>(kHeads), static_cast<long long>(kLatent), static_cast<long long>(kRope),
               bw * 1e-9);
-  std::printf("| sequences | keys each | tensor-core us | decode us | tensor-core / decode | as chosen us | "
-              "as chosen GB/s | of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::string head = "| sequences | keys each | tensor-core us |", rule = "|---|---|---|";
+  for (int64_t k : split_keys) {
+    head += " decode/" + std::to_string(k) + " us |";
+    rule += "---|";
+  }
+  std::printf("%s best decode / tensor-core | as chosen us | as chosen GB/s | of copy |\n%s---|---|---|---|\n",
+              head.c_str(), rule.c_str());
   std::mt19937_64 rng(7);
   const float scale = 0.1f;
   constexpr int64_t kDefault = -1, kTensorCore = 0, kDecode = int64_t{1} << 40;  // decode max keys
@@ -87,21 +99,31 @@ int main(int argc, char** argv) {
       const Batch b = make_batch(B, S, copies, rng);
       constexpr int kCalls = 16;
       // The kernel is chosen when a call is captured: each column sets its choice first.
-      auto call = [&](int64_t max_keys, int r) {
+      auto call = [&](int64_t max_keys, int64_t split, int r) {
         const int c = r % copies;
         cuda::set_attention_decode_max_keys(max_keys);
+        cuda::set_attention_decode_split_keys(split);
         ops::mla_attention_batch(b.q_lat[c], b.q_pe[c], b.keys[c], b.out[c], scale, Stream{Device::cuda(0), s});
         cuda::set_attention_decode_max_keys(kDefault);
+        cuda::set_attention_decode_split_keys(kDefault);
       };
-      double t[3] = {0, 0, 0};
+      const size_t n = split_keys.size();
+      std::vector<double> t(n + 2, 0.0);  // tensor-core, decode per split length, as chosen
       InterleavedTimer timer(s);
-      timer.add(&t[0], kCalls, [&](int r) { call(kTensorCore, r); });
-      timer.add(&t[1], kCalls, [&](int r) { call(kDecode, r); });
-      timer.add(&t[2], kCalls, [&](int r) { call(kDefault, r); });
+      timer.add(&t[0], kCalls, [&](int r) { call(kTensorCore, kDefault, r); });
+      for (size_t i = 0; i < n; ++i)
+        timer.add(&t[1 + i], kCalls, [&, i](int r) { call(kDecode, split_keys[i], r); });
+      timer.add(&t[n + 1], kCalls, [&](int r) { call(kDefault, kDefault, r); });
       timer.run(20);
-      std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %.1f | %.0f | %.0f%% |\n", static_cast<long long>(B),
-                  static_cast<long long>(S), t[0] * 1e6, t[1] * 1e6, t[0] / t[1], t[2] * 1e6, bytes / t[2] * 1e-9,
-                  100.0 * bytes / t[2] / bw);
+      std::printf("| %lld | %lld | %.1f |", static_cast<long long>(B), static_cast<long long>(S), t[0] * 1e6);
+      double best = t[1];
+      for (size_t i = 0; i < n; ++i) {
+        std::printf(" %.1f |", t[1 + i] * 1e6);
+        best = std::min(best, t[1 + i]);
+      }
+      const double chosen = t[n + 1];
+      std::printf(" %.2f | %.1f | %.0f | %.0f%% |\n", best / t[0], chosen * 1e6, bytes / chosen * 1e-9,
+                  100.0 * bytes / chosen / bw);
     }
   }
   return 0;

@@ -145,6 +145,22 @@ TEST(CudaAttention, DecodeKernelAndTensorCoreKernelEachMatchFp64) {
   }
 }
 
+TEST(CudaAttention, DecodeKernelAtEverySplitLength) {
+  LOCUS_REQUIRE_GPU();
+  // Splits of one key each, of an odd length (fewer keys than the CTA's 8 warps, a last split
+  // cut short), the default's and the kernel's longest, over DeepSeek-V3's latent.
+  DecodeAttentionKeys kernel(kDecodeKernelAttention);
+  for (int64_t split_keys : {1, 7, 32, 512}) {
+    DecodeAttentionSplitKeys split(split_keys);
+    for (int64_t S : {5, 61, 300, 1100}) {
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " split keys " << split_keys << " S " << S);
+      const AttnInputs in = decode_inputs(1, 128, S, 512, 64, seed);
+      expect_matches(in, DType::kBF16, S - 1, default_scale(in));
+    }
+  }
+}
+
 TEST(CudaAttention, PrefillAtDeepSeekV3HeadDims) {
   LOCUS_REQUIRE_GPU();
   // qk_nope 128 per head, shared rope 64, v 128 per head: a whole prompt (T = S) and a chunk

@@ -99,7 +99,8 @@ TEST(CudaDevice, HooksCopyRoundTripAndFill) {
 
 // Device-to-host read-backs through pinned blocks: sizes from 4 bytes to 16 MB in flight together
 // (so the pool hands out several blocks, the smallest that fits first), each bitwise equal to its
-// source; a block is reused once its read-back is gone. A strided source is refused.
+// source; a block is reused once its read-back is gone. Small ones are a kernel's copy (also from
+// a source at an odd address), large ones the copy engine's. A strided source is refused.
 TEST(CudaDevice, HostReadbackCopiesEveryBitAndReusesItsBlocks) {
   LOCUS_REQUIRE_GPU();
   const uint64_t seed = fresh_seed();
@@ -112,6 +113,10 @@ TEST(CudaDevice, HostReadbackCopiesEveryBitAndReusesItsBlocks) {
       dev.push_back(host.back().to(Device::cuda(0)));
       backs.push_back(std::make_unique<ops::HostReadback>(dev.back()));
     }
+    // 3 bf16 values 2 bytes past a 16-byte boundary: the kernel's byte-wise copy.
+    host.push_back(randn({4}, DType::kBF16, seed + round).slice(0, 1, 4));
+    dev.push_back(randn({4}, DType::kBF16, seed + round).to(Device::cuda(0)).slice(0, 1, 4));
+    backs.push_back(std::make_unique<ops::HostReadback>(dev.back()));
     for (size_t i = 0; i < backs.size(); ++i) {
       const Tensor got = backs[i]->wait();
       EXPECT_TRUE(got.device().is_cpu());

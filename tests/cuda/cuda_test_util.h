@@ -33,6 +33,14 @@ class DecodeAttentionKeys {
   DecodeAttentionKeys(const DecodeAttentionKeys&) = delete;
   DecodeAttentionKeys& operator=(const DecodeAttentionKeys&) = delete;
 };
+// The decode kernel's key splits at least `keys` keys long while it lives, then the default again.
+class DecodeAttentionSplitKeys {
+ public:
+  explicit DecodeAttentionSplitKeys(int64_t keys) { cuda::set_attention_decode_split_keys(keys); }
+  ~DecodeAttentionSplitKeys() { cuda::set_attention_decode_split_keys(-1); }
+  DecodeAttentionSplitKeys(const DecodeAttentionSplitKeys&) = delete;
+  DecodeAttentionSplitKeys& operator=(const DecodeAttentionSplitKeys&) = delete;
+};
 // Both kernels of decode attention, for tests that run each: the tensor-core one, then the
 // decode kernel at any key count (its key splits included).
 constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;

@@ -4,7 +4,8 @@
 //
 // Why: at short contexts a decode step's attention is latency, not bandwidth. The tensor-core
 // kernel packs 64 query rows in a CTA, so one sequence of 128 heads is 2 CTAs walking every key;
-// here a CTA takes 4 heads (32 CTAs a sequence) and a key split, and every step is short:
+// here a CTA takes 4 heads (32 CTAs a sequence) and a key split (64 keys or more, up to one CTA
+// per SM), and every step is short:
 //   (1) scores: warp w takes keys w, w + 8, ...; lane l reads words l, l + 32, ... of the key
 //       row (bf16 pairs) and multiplies them with its 4 heads' query words, kept in registers as
 //       fp32; the 4 dot products are summed over the lanes in one spread reduction (6 shuffles,
@@ -31,8 +32,8 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWordsA = kAttnDecodeMaxDa / 2 / 32;  // k_a words a lane reads of a key row
 constexpr int kWordsB = kAttnDecodeMaxDb / 2 / 32;  // k_b words
 constexpr int kLanesPerHead = 32 / HB;              // lanes holding one head's score after (1)
-constexpr int kKeysInFlight = 2;                    // key rows a warp loads before it reduces
-constexpr int kValueUnroll = 4;                     // value rows a thread loads at once in (3)
+constexpr int kKeysInFlight = 4;                    // key rows a warp loads before it reduces
+constexpr int kValueUnroll = 8;                     // value rows a thread loads at once in (3)
 static_assert(HB == 4, "the value step reads a key's probabilities as one float4");
 
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t w) {

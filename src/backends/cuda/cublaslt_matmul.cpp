@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <map>
 #include <memory>
@@ -207,21 +208,32 @@ cublasStatus_t run(const StreamLt& lt, const Descs& ds, const cublasLtMatmulAlgo
                         lt.workspace, kWorkspaceBytes, stream);
 }
 
-// Milliseconds of one call with `t` (time_call_ms: the best of 3 after a warm-up); 1e30 when it
+// Milliseconds of one call with each of `cands`, timed as a decode step's graph runs them
+// (time_in_graphs_ms; LOCUS_CUBLASLT_GRAPH_TIMING=0: eagerly, time_eagerly_ms); 1e30 for one that
 // fails.
-float time_tactic(const StreamLt& lt, const Tactic& t, const LtMatmul& mm, cudaStream_t stream) {
-  Descs ds;
-  make_descs(mm, t.sm_target, &ds);
-  bool ok = true;
-  const float ms = time_call_ms([&] { ok = ok && run(lt, ds, t.algo, mm, stream) == CUBLAS_STATUS_SUCCESS; }, stream);
+std::vector<float> time_tactics(const StreamLt& lt, const std::vector<Tactic>& cands, const LtMatmul& mm,
+                                cudaStream_t stream) {
+  std::vector<Descs> descs(cands.size());
+  std::vector<char> ok(cands.size(), 1);
+  std::vector<PathCall> calls;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    make_descs(mm, cands[i].sm_target, &descs[i]);
+    calls.push_back([&, i](cudaStream_t s) {
+      if (ok[i] && run(lt, descs[i], cands[i].algo, mm, s) != CUBLAS_STATUS_SUCCESS) ok[i] = 0;
+    });
+  }
+  static EnvToggle in_graphs("LOCUS_CUBLASLT_GRAPH_TIMING", /*default_on=*/true);
+  std::vector<float> ms = in_graphs.on() ? time_in_graphs_ms(calls, stream) : time_eagerly_ms(calls, stream);
   cudaGetLastError();  // a candidate that failed to launch leaves its error behind
-  return ok ? ms : 1e30f;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (!ok[i]) ms[i] = 1e30f;
+  return ms;
 }
 
 // The heuristic's candidates for the whole device and, on a partition stream (`sm_part` > 0), for
 // the partition's SM count too: cuBLASLt does not see a green context's SMs, and its whole-device
-// picks can take as long on half the SMs as on all of them. The fastest is timed (outside a
-// capture: timing runs real work on the stream); inside one the whole-device heuristic's first
+// picks can take as long on half the SMs as on all of them. The fastest in a graph is taken
+// (outside a capture: timing runs real work on the stream); inside one the whole-device heuristic's first
 // choice is taken, so later calls stay deterministic.
 Tactic choose_tactic(const StreamLt& lt, const LtMatmul& mm, int sm_part, cudaStream_t stream, const std::string& key) {
   constexpr int kCandidates = 8;
@@ -241,16 +253,22 @@ Tactic choose_tactic(const StreamLt& lt, const LtMatmul& mm, int sm_part, cudaSt
   }
   LOCUS_CHECK(!cands.empty(), "cuBLASLt has no algorithm for the matmul ", key);
   if (cands.size() == 1 || !autotune_enabled() || stream_capturing(stream)) return cands[0];
-  size_t best = 0;
-  float best_ms = 1e30f;
-  for (size_t i = 0; i < cands.size(); ++i) {
-    const float ms = time_tactic(lt, cands[i], mm, stream);
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = i;
+  const std::vector<float> ms = time_tactics(lt, cands, mm, stream);
+  const size_t pick = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
+  if (log_choices()) {
+    std::string times;
+    for (size_t i = 0; i < cands.size(); ++i) {
+      int32_t split_k = 0, reduction = 0;
+      size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&cands[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof(split_k),
+                                           &written);
+      cublasLtMatmulAlgoConfigGetAttribute(&cands[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                           sizeof(reduction), &written);
+      times += str(i ? ", " : "", ms[i] * 1e3f, " us (split-K ", split_k, ", reduction ", reduction, ")");
     }
+    std::fprintf(stderr, "locus: cuBLASLt tactic %s: %s -> %zu\n", key.c_str(), times.c_str(), pick);
   }
-  return cands[best];
+  return cands[pick];
 }
 
 }  // namespace

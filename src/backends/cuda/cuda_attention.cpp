@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <limits>
 
 #include "backends/cuda/attention_kernels.h"
@@ -21,20 +20,13 @@ namespace {
 
 // A split covers at least this many keys, so each CTA's query-row load is amortized.
 constexpr int64_t kMinKeysPerSplit = 2 * detail::kAttnTcKeys;
-// The decode kernel's splits cover at least this many keys.
-constexpr int64_t kDecodeMinSplitKeys = 128;
-// Decode over at most this many keys runs on the decode kernel (set_attention_decode_max_keys).
-constexpr int64_t kDecodeMaxKeysDefault = 512;
-std::atomic<int64_t> g_decode_max_keys{-1};  // -1: the default, or LOCUS_ATTN_DECODE_MAX_KEYS
-
-int64_t decode_max_keys() {
-  int64_t v = g_decode_max_keys.load();
-  if (v < 0) {
-    v = detail::env_int("LOCUS_ATTN_DECODE_MAX_KEYS", static_cast<int>(kDecodeMaxKeysDefault));
-    g_decode_max_keys.store(v < 0 ? kDecodeMaxKeysDefault : v);
-  }
-  return g_decode_max_keys.load();
-}
+// Decode runs on the decode kernel where its sequences' keys, summed, are at most this many
+// (set_attention_decode_max_keys), or each sequence's are at most kDecodeShortKeys of them.
+detail::EnvCount g_decode_max_keys{"LOCUS_ATTN_DECODE_MAX_KEYS", 512};
+constexpr int64_t kDecodeShortKeys = 128;
+// The decode kernel's key splits cover at least this many keys (set_attention_decode_split_keys):
+// shorter splits spread a short context over more SMs, each split more costs the combine.
+detail::EnvCount g_decode_split_keys{"LOCUS_ATTN_DECODE_SPLIT_KEYS", 64};
 
 detail::AttnOperand operand(const Tensor& t) {
   // A one-head operand is shared by every query head: head stride 0.
@@ -120,26 +112,37 @@ void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t 
   detail::scratch_free(scratch, s);
 }
 
-// The decode kernel's key splits: enough CTAs for two per SM of the stream's partition (or the
-// device), each split at least kDecodeMinSplitKeys keys (a split more costs the combine).
+// The decode kernel's key splits: at most one CTA per SM of the stream's partition (or the
+// device; a second CTA on an SM shares its FP32 units and took longer: cuda_attention_bench, H100,
+// docs/benchmarks.md), each split at least g_decode_split_keys keys.
 detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t keys, cudaStream_t stream,
                                      int device) {
   const int64_t ctas = ceil_div(a.H, detail::kAttnDecodeHeads) * std::max(a.num_seqs, 1);
   int sms = detail::partition_stream_sm_count(stream);
   if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
-  const int64_t fill = std::max<int64_t>(1, ceil_div(2 * static_cast<int64_t>(sms), ctas));
+  const int64_t fill = std::max<int64_t>(1, static_cast<int64_t>(sms) / ctas);
   detail::AttnSplit sp;
-  sp.split_keys =
-      std::min<int64_t>(std::max(kDecodeMinSplitKeys, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
+  const int64_t min_split = std::max<int64_t>(1, g_decode_split_keys.get());
+  sp.split_keys = std::min<int64_t>(std::max(min_split, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
   sp.splits = static_cast<int>(ceil_div(keys, sp.split_keys));
   return sp;
 }
 
+// Whether decode over `keys` keys at most for each of `seqs` sequences takes the decode kernel: at
+// short contexts it is latency that counts, and the tensor-core kernel's 64-row CTAs take longer
+// (cuda_attention_bench, H100: at 1, 2, 4 and 8 sequences the decode kernel was faster up to 512,
+// 256, 128 and 128 keys each, slower beyond).
+bool decode_kernel_fits(int64_t keys, int64_t seqs) {
+  const int64_t max_keys = g_decode_max_keys.get();
+  return max_keys > 0 && (keys <= std::min(kDecodeShortKeys, max_keys) || keys * seqs <= max_keys);
+}
+
 // The kernel for `a` over `keys` keys at most: the decode kernel where it applies and the keys are
-// few (decode_max_keys), else the tensor-core one (tc_smem: its shared memory, tc_smem_fitting).
+// few (decode_kernel_fits), else the tensor-core one (tc_smem: its shared memory,
+// tc_smem_fitting).
 void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
   const bool splits_fit = ceil_div(keys, detail::kAttnDecodeMaxSplitKeys) <= detail::kAttnMaxSplits;
-  if (keys <= decode_max_keys() && splits_fit && detail::attn_decode_applies(a)) {
+  if (decode_kernel_fits(keys, std::max(a.num_seqs, 1)) && splits_fit && detail::attn_decode_applies(a)) {
     return run_splits(a, plan_decode_splits(a, keys, s, device), s,
                       [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); });
   }
@@ -175,7 +178,8 @@ bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_d
 
 }  // namespace
 
-void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.store(keys < 0 ? -1 : keys); }
+void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.set(keys); }
+void set_attention_decode_split_keys(int64_t keys) { g_decode_split_keys.set(keys); }
 
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream) {

@@ -2,6 +2,7 @@
 // (LOCUS_BMM_TMA, LOCUS_CUBLASLT_AUTOTUNE, ...), read the same way everywhere.
 #pragma once
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,6 +39,28 @@ class EnvToggle {
   const char* name_;
   bool default_on_;
   std::atomic<int> state_{-1};  // 1 on, 0 off, -1 not yet read
+};
+
+// A non-negative count read from the environment variable `name` on first use (`fallback` when
+// unset, empty or negative), which a setter (tests, benchmarks) overrides; set(-1) goes back to
+// the environment's value.
+class EnvCount {
+ public:
+  constexpr EnvCount(const char* name, int64_t fallback) : name_(name), fallback_(fallback) {}
+  int64_t get() {
+    int64_t v = value_.load();
+    if (v < 0) {
+      v = env_int(name_, static_cast<int>(fallback_));
+      value_.store(v < 0 ? fallback_ : v);
+    }
+    return value_.load();
+  }
+  void set(int64_t v) { value_.store(v < 0 ? -1 : v); }
+
+ private:
+  const char* name_;
+  int64_t fallback_;
+  std::atomic<int64_t> value_{-1};
 };
 
 }  // namespace locus::cuda::detail

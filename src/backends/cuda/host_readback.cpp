@@ -6,15 +6,19 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/env_settings.h"
+#include "backends/cuda/host_upload.h"
 
 namespace locus::cuda {
 
 struct HostReadback::Slot {
   void* host = nullptr;
+  void* device_view = nullptr;  // `host`'s mapped address on the device (unified addressing), or null
   size_t bytes = 0;
   int device = -1;
   cudaEvent_t done = nullptr;  // recorded on the copy's stream after the copy
@@ -46,8 +50,11 @@ class SlotPool {
     auto* s = new Slot();
     s->bytes = std::max<size_t>(bytes, 4096);
     s->device = device;
-    cudaError_t err = cudaHostAlloc(&s->host, s->bytes, cudaHostAllocDefault);
+    cudaError_t err = cudaHostAlloc(&s->host, s->bytes, cudaHostAllocMapped);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
+    cudaPointerAttributes attr{};
+    if (err == cudaSuccess && cudaPointerGetAttributes(&attr, s->host) == cudaSuccess) s->device_view = attr.devicePointer;
+    cudaGetLastError();  // a failed attribute query leaves the copy engine to this block
     if (err != cudaSuccess) {
       if (s->host) cudaFreeHost(s->host);
       delete s;
@@ -70,6 +77,24 @@ SlotPool& pool() {
   return *p;
 }
 
+// Copies of at most this many bytes run as a kernel writing the block through its mapped address
+// (copy_by_kernel): a copy-engine transfer queued after a kernel starts 5-7 us after it, and the
+// next kernel 2-3 us after the transfer (H100 trace of a decode step's tokens, docs/benchmarks.md).
+// Larger ones (a step's logits) keep the copy engine's bandwidth. LOCUS_READBACK_KERNEL=0 sends
+// every copy to the copy engine.
+constexpr size_t kKernelCopyMaxBytes = 64 << 10;
+
+// The copy into `slot`, then its event.
+void queue_copy(const Slot& slot, const void* src, size_t bytes, cudaStream_t stream, const std::string& what) {
+  static detail::EnvToggle kernel_copies("LOCUS_READBACK_KERNEL", /*default_on=*/true);
+  if (bytes <= kKernelCopyMaxBytes && slot.device_view != nullptr && kernel_copies.on())
+    copy_by_kernel(src, slot.device_view, bytes, stream);
+  else
+    LOCUS_CUDA_CHECK_NAMED(cudaMemcpyAsync(slot.host, src, bytes, cudaMemcpyDeviceToHost, stream),
+                           "queueing the copy of " + what + " to the host");
+  LOCUS_CUDA_CHECK_NAMED(cudaEventRecord(slot.done, stream), "queueing the copy of " + what + " to the host");
+}
+
 }  // namespace
 
 HostReadback::HostReadback(const Tensor& src, void* stream) {
@@ -83,11 +108,11 @@ HostReadback::HostReadback(const Tensor& src, void* stream) {
   if (src.nbytes() == 0) return;
   use_device(src.device().index);
   slot_ = pool().acquire(src.nbytes(), src.device().index);
-  cudaError_t err = cudaMemcpyAsync(slot_->host, src.data_ptr(), src.nbytes(), cudaMemcpyDeviceToHost, s);
-  if (err == cudaSuccess) err = cudaEventRecord(slot_->done, s);
-  if (err != cudaSuccess) {
+  try {
+    queue_copy(*slot_, src.data_ptr(), src.nbytes(), s, src.describe());
+  } catch (...) {
     release();
-    LOCUS_CUDA_CHECK_NAMED(err, "queueing the copy of " + src.describe() + " to the host");
+    throw;
   }
 }
 

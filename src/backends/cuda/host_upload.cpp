@@ -31,7 +31,7 @@ void upload(const Tensor& src, const Tensor& dst, void* stream) {
   cudaPointerAttributes attr{};
   if (kernel_copies.on() && cudaPointerGetAttributes(&attr, src.data_ptr()) == cudaSuccess &&
       attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr)
-    return copy_from_mapped_host(attr.devicePointer, dst.data_ptr(), src.nbytes(), stream);
+    return copy_by_kernel(attr.devicePointer, dst.data_ptr(), src.nbytes(), stream);
   cudaGetLastError();  // a failed attribute query leaves nothing behind
   LOCUS_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), src.nbytes(), cudaMemcpyHostToDevice,
                                    static_cast<cudaStream_t>(stream)));

@@ -30,13 +30,12 @@ bool autotune() {
   return on;
 }
 
-// LOCUS_PATH_CHOICE_LOG=1: each timed choice is printed to stderr (key, each path's time, pick).
+}  // namespace
+
 bool log_choices() {
   static const bool on = env_int("LOCUS_PATH_CHOICE_LOG", 0) != 0;
   return on;
 }
-
-}  // namespace
 
 bool stream_capturing(cudaStream_t s) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
@@ -146,9 +145,7 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, c
     if (log_choices()) std::fprintf(stderr, "locus: path choice timed eagerly (capture failed: %s)\n", e.what());
     replays.clear();
     graphs.clear();  // ends the capture that broke
-    std::vector<std::function<void()>> calls;
-    for (const auto& path : paths) calls.push_back([&path, stream] { path(stream); });
-    return time_rounds_ms(calls, stream, 4, &flush);
+    return time_eagerly_ms(paths, stream);
   }
   const std::vector<float> ms = time_rounds_ms(replays, stream, 8, nullptr);
   std::vector<float> out;
@@ -184,9 +181,16 @@ class TimingStream {
 
 }  // namespace
 
-float time_call_ms(const std::function<void()>& call, cudaStream_t stream) {
+std::vector<float> time_eagerly_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
   const FlushBuffer flush(stream);
-  return time_rounds_ms({call}, stream, 4, &flush)[0];
+  std::vector<std::function<void()>> calls;
+  for (const auto& path : paths) calls.push_back([&path, stream] { path(stream); });
+  return time_rounds_ms(calls, stream, 4, &flush);
+}
+
+std::vector<float> time_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
+  const TimingStream timing(stream);
+  return time_paths_in_graphs_ms(paths, timing.get());
 }
 
 int chosen_path(const std::string& key) {
@@ -207,11 +211,7 @@ void run_fastest_path(const std::string& key, const std::vector<PathCall>& paths
         choices().chosen.emplace(key, pick);
       }
     } else {
-      std::vector<float> ms;
-      {
-        const TimingStream timing(stream);
-        ms = time_paths_in_graphs_ms(paths, timing.get());
-      }
+      const std::vector<float> ms = time_in_graphs_ms(paths, stream);
       pick = static_cast<int>(std::min_element(ms.begin(), ms.end()) - ms.begin());
       if (log_choices()) {
         std::string times;

@@ -30,11 +30,18 @@ void run_fastest_path(const std::string& key, const std::vector<PathCall>& paths
 // The index chosen for `key`, -1 when none is (for tests and benchmarks).
 int chosen_path(const std::string& key);
 
-// Milliseconds of one call of `call` on `stream`: a warm-up, then the best of 3 (CUDA events),
-// each run after twice the L2 was read through it, so that it reads its operands from memory as a
-// decode step does (where that much memory is not free, the runs are timed warm). Its work is
-// real. cuBLASLt's tactic choice times its candidates with it too.
-float time_call_ms(const std::function<void()>& call, cudaStream_t stream);
+// Milliseconds of one call of each of `paths` as run_fastest_path times them (captured behind a
+// read of twice the L2, less the read alone), on `stream` or, for a default stream, a stream of its
+// own ordered with it. cuBLASLt's tactic choice times its candidates with it: a decode step is a
+// graph, where a candidate's extra nodes (a memset before a split-K kernel) cost more than eagerly.
+std::vector<float> time_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream);
+// The same, each call run eagerly after twice the L2 was read (4 rounds, the calls taking turns;
+// per call the best after the first round).
+std::vector<float> time_eagerly_ms(const std::vector<PathCall>& paths, cudaStream_t stream);
+
+// LOCUS_PATH_CHOICE_LOG=1: each timed choice (of a path, of a cuBLASLt tactic) is printed to
+// stderr with each candidate's time and the pick.
+bool log_choices();
 
 // Whether `s` is being captured into a CUDA graph (then nothing may be timed or synchronized).
 bool stream_capturing(cudaStream_t s);
