@@ -78,8 +78,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
   const AttnSeqOperands so = seq_operands(a, static_cast<int>(blockIdx.z));
   const int h0 = static_cast<int>(blockIdx.x) * HB;
   const int64_t keys = so.q_start + 1;  // the query is the sequence's last key
-  const int64_t key_lo = static_cast<int64_t>(blockIdx.y) * sp.split_keys;
-  const int n = static_cast<int>(keys - key_lo < 0 ? 0 : keys - key_lo < sp.split_keys ? keys - key_lo : sp.split_keys);
+  // The plan's splits cover the launch's key bound (a decode graph's, or the longest sequence's);
+  // this sequence's own keys are spread evenly over them (at most split_keys each, as the bound is
+  // at least the keys), so a sequence shorter than the bound still keeps every split busy.
+  const int64_t per_split = (keys + sp.splits - 1) / sp.splits;
+  const int64_t key_lo = static_cast<int64_t>(blockIdx.y) * per_split;
+  const int n = static_cast<int>(keys - key_lo < 0 ? 0 : keys - key_lo < per_split ? keys - key_lo : per_split);
   const int wa = a.Da / 2, wb = a.Db / 2, wv = a.Dv / 2;
   const float scale_log2 = a.scale * kAttnLog2e;
 

@@ -102,7 +102,10 @@ constexpr int kAttnDecodeMaxSplitKeys = 512;  // keys of one split (shared-memor
 // k_b and v one head shared by every query head, even head dims within the limits above, and
 // every pointer and stride whole 32-bit words (8 bytes for an fp32 output).
 bool attn_decode_applies(const MlaAttentionArgs& a);
-// split.split_keys <= kAttnDecodeMaxSplitKeys (any multiple of 1), split.splits <= kAttnMaxSplits.
+// split.split_keys <= kAttnDecodeMaxSplitKeys (any multiple of 1), split.splits <= kAttnMaxSplits,
+// and split.splits * split.split_keys at least every sequence's keys. Unlike the tensor-core
+// kernel's, split z of a sequence of S keys covers keys [z * ceil(S / splits), ...): its own keys
+// spread evenly over the splits, whatever bound the plan was made for.
 void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
 
 // ---- CUDA-core kernel: any dtypes and dims, one warp per (token, head) ----
