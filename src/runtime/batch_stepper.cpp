@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <optional>
 
-#include "core/env_switch.h"
 #include "core/error.h"
 #include "core/host_profile.h"
 #include "ops/host_readback.h"
@@ -35,10 +34,7 @@ struct BatchStepper::Launched {
 
 BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
                            DecodeGraphs* graphs)
-    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {
-  static const bool lookahead_env = env_switch_on("LOCUS_DECODE_LOOKAHEAD");  // an A/B switch, read once
-  lookahead_enabled_ = graphs_ != nullptr && lookahead_env;
-}
+    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
 
 BatchStepper::~BatchStepper() {
   finish_lookahead();

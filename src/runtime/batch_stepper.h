@@ -59,7 +59,7 @@ class BatchStepper {
     uint64_t key;
     GenerationResult result;
   };
-  // Lookahead (with decode graphs; on unless LOCUS_DECODE_LOOKAHEAD=0): where every sequence
+  // Lookahead (with decode graphs; off unless set, LlmArgs::decode_lookahead): where every sequence
   // decodes greedily and none reaches its token limit with the coming token, the next decode step
   // is launched from the device (DecodeGraphs::step_chained: the coming tokens never visit the host first) before this
   // step's tokens are read back, so the device does not wait for the host between steps. A
@@ -67,6 +67,8 @@ class BatchStepper {
   // (its cache is released after that step, or at once when no sequence is left). The next
   // step() returns that step's tokens (StepInfo: no prompt tokens); a sequence added meanwhile
   // takes its prefill in the step() after.
+  // (Measured on an H100 it made decode 1-2 % slower, not faster: docs/benchmarks.md.) Needs
+  // decode graphs; without them it does nothing.
   void set_lookahead(bool on) { lookahead_enabled_ = on; }
 
   // One forward over every sequence: the prompt of each sequence added since the last step, one

@@ -17,7 +17,8 @@ std::unique_ptr<GenerationStack> GenerationStack::load(const LlmArgs& args, cons
   s->kv = std::make_unique<KvCacheManager>(s->model.config, s->model.device, resolve_kv_budget(args, s->model.device),
                                            args.max_batch_size, args.max_seq_len);
   if (args.cuda_graphs) s->graphs = std::make_unique<DecodeGraphs>(*s->model.model);
-  s->generator = std::make_unique<Generator>(*s->model.model, *s->kv, s->eos_ids, s->graphs.get());
+  s->generator =
+      std::make_unique<Generator>(*s->model.model, *s->kv, s->eos_ids, s->graphs.get(), args.decode_lookahead);
   return s;
 }
 

@@ -14,8 +14,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Generator::Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
-                     DecodeGraphs* graphs)
-    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
+                     DecodeGraphs* graphs, bool lookahead)
+    : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs), lookahead_(lookahead) {}
 
 std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRequest>& requests,
                                                   const std::function<void(size_t, int32_t)>& on_token,
@@ -28,6 +28,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
                 requests[i].max_new_tokens, " (prompt ", i, ")");
   }
   BatchStepper stepper(model_, kv_, eos_, graphs_);  // every cache is acquired before any compute
+  stepper.set_lookahead(lookahead_);
   for (size_t i = 0; i < n; ++i) {          // request i gets key i
     GenerationRequest r = requests[i];
     r.sampling.seed += i;

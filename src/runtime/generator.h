@@ -24,9 +24,9 @@ struct GenerationStats {
 class Generator {
  public:
   // eos_ids: tokens that end a sequence (config eos_token_id and the tokenizer's eos).
-  // graphs: optional (BatchStepper), outliving the generator.
+  // graphs: optional (BatchStepper), outliving the generator; lookahead: BatchStepper::set_lookahead.
   Generator(models::DeepseekV3ForCausalLM& model, KvCacheManager& kv, std::vector<int32_t> eos_ids,
-            DecodeGraphs* graphs = nullptr);
+            DecodeGraphs* graphs = nullptr, bool lookahead = false);
 
   // Sequence i samples with seed sampling.seed + i. on_token(i, id) is called for every token
   // sequence i generates, as soon as it is sampled.
@@ -41,6 +41,7 @@ class Generator {
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;
   DecodeGraphs* graphs_;
+  bool lookahead_;
 };
 
 }  // namespace locus::runtime

@@ -54,6 +54,8 @@ const std::vector<Def>& defs() {
       LOCUS_FIELD("locality_domains.exclude_modules", locality_domains.exclude_modules,
                   "module-name patterns (fnmatch on the name and its dotted prefixes) that stay unpartitioned"),
       LOCUS_FIELD("cuda_graphs", cuda_graphs, "replay decode steps from CUDA graphs, one per batch size and key bound (cuda backend)"),
+      LOCUS_FIELD("decode_lookahead", decode_lookahead,
+                  "with cuda_graphs: launch each greedy decode step from the device's tokens before reading them back"),
       LOCUS_FIELD("seed", seed, "random seed for sampling"),
       LOCUS_FIELD("num_threads", num_threads, "CPU worker threads; 0 = the hardware concurrency"),
       LOCUS_FIELD("tensor_parallel_size", tensor_parallel_size, "devices per model replica (this build: 1)"),
@@ -415,6 +417,8 @@ void validate(const LlmArgs& a, const BackendCapabilities& backend) {
   LOCUS_CHECK(backend.built, "backend=", a.backend, " is not built into this binary (rebuild with -DLOCUS_CUDA=ON on a machine with nvcc)");
   LOCUS_CHECK(!a.cuda_graphs || backend.supports_cuda_graphs, "cuda_graphs=true needs a backend with CUDA graphs, but backend=",
               a.backend, " has none (set backend=cuda or cuda_graphs=false)");
+  LOCUS_CHECK(!a.decode_lookahead || a.cuda_graphs, "decode_lookahead=true needs cuda_graphs=true (its chained steps "
+              "replay decode graphs); set cuda_graphs=true or decode_lookahead=false");
   LOCUS_CHECK(a.dtype == "bf16", "dtype='", a.dtype, "' is not supported (expected bf16)");
   LOCUS_CHECK(a.device >= 0, "device must be >= 0, got ", a.device);
   LOCUS_CHECK(a.max_batch_size >= 1, "max_batch_size must be >= 1, got ", a.max_batch_size);

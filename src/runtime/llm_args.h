@@ -47,6 +47,7 @@ struct LlmArgs {
   bool enable_locality_domains = false;
   LocalityDomainArgs locality_domains;
   bool cuda_graphs = false;           // capture decode steps in CUDA graphs (cuda backend)
+  bool decode_lookahead = false;      // with cuda_graphs: launch greedy steps from the device's tokens
   uint64_t seed = 0;                  // sampling seed
   int num_threads = 0;                // CPU worker threads; 0 = hardware concurrency
   int tensor_parallel_size = 1;       // GPUs per model replica

@@ -7,9 +7,11 @@
 namespace locus::serve {
 
 BatchingEngine::BatchingEngine(models::DeepseekV3ForCausalLM& model, runtime::KvCacheManager& kv,
-                               std::vector<int32_t> eos_ids, int max_batch, runtime::DecodeGraphs* graphs)
+                               std::vector<int32_t> eos_ids, int max_batch, runtime::DecodeGraphs* graphs,
+                               bool lookahead)
     : stepper_(model, kv, std::move(eos_ids), graphs), max_batch_(max_batch) {
   LOCUS_CHECK(max_batch >= 1, "BatchingEngine: max_batch must be >= 1, got ", max_batch);
+  stepper_.set_lookahead(lookahead);
   worker_ = std::thread([this] { run(); });
 }
 

@@ -31,9 +31,9 @@ struct EngineRequest {
 
 class BatchingEngine {
  public:
-  // graphs: optional, outliving the engine (runtime::BatchStepper).
+  // graphs: optional, outliving the engine; lookahead: with graphs (runtime::BatchStepper).
   BatchingEngine(models::DeepseekV3ForCausalLM& model, runtime::KvCacheManager& kv, std::vector<int32_t> eos_ids,
-                 int max_batch, runtime::DecodeGraphs* graphs = nullptr);
+                 int max_batch, runtime::DecodeGraphs* graphs = nullptr, bool lookahead = false);
   ~BatchingEngine();  // finishes the requests in flight, fails the waiting ones, joins the worker
   BatchingEngine(const BatchingEngine&) = delete;
   BatchingEngine& operator=(const BatchingEngine&) = delete;

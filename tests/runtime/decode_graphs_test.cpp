@@ -93,7 +93,7 @@ TEST_F(DecodeGraphs, ReplaysFollowTheTablesAcrossCachesOfOneKey) {
 
 TEST_F(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
   // Sequences of different lengths leave at different steps (batch 3, then 2, then 1) and grow
-  // past the first key bound (64 keys); greedy and sampled.
+  // past the first key bound (64 keys); greedy and sampled; the generator's lookahead off and on.
   SCOPED_TRACE(seed);
   for (const runtime::SamplingParams& sp : {runtime::SamplingParams{}, runtime::SamplingParams{0.8, 20, 0.95, seed}}) {
     const std::vector<runtime::GenerationRequest> reqs = {{random_ids(50, V, seed), 30, sp},
@@ -101,19 +101,22 @@ TEST_F(DecodeGraphs, GenerationMatchesEagerAcrossKeyBoundsAndBatchSizes) {
                                                           {random_ids(20, V, seed + 2), 5, sp}};
     runtime::Generator eager(m, kv, {});
     const auto want = eager.generate(reqs);
-    runtime::DecodeGraphs graphs(m);
-    runtime::Generator graphed(m, kv, {}, &graphs);
-    const auto got = graphed.generate(reqs);
-    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
-    const auto& st = graphs.stats();
-    EXPECT_GE(st.eager_steps, 4);  // keys (3, 64), (2, 64), (1, 64), (1, 128)
-    EXPECT_GE(st.recorded, 3);
-    EXPECT_GT(st.replays, 15);
-    EXPECT_EQ(st.declined, 0);  // the prefill step never reaches it
-    // Greedy steps chain on the device (the generator's lookahead); sampled ones cannot.
-    if (sp.greedy()) EXPECT_GT(st.chained, 10);
-    else EXPECT_EQ(st.chained, 0);
-    EXPECT_EQ(kv.live_sequences(), 0);
+    for (bool lookahead : {false, true}) {
+      SCOPED_TRACE(lookahead ? "lookahead" : "no lookahead");
+      runtime::DecodeGraphs graphs(m);
+      runtime::Generator graphed(m, kv, {}, &graphs, lookahead);
+      const auto got = graphed.generate(reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;
+      const auto& st = graphs.stats();
+      EXPECT_GE(st.eager_steps, 4);  // keys (3, 64), (2, 64), (1, 64), (1, 128)
+      EXPECT_GE(st.recorded, 3);
+      EXPECT_GT(st.replays, 15);
+      EXPECT_EQ(st.declined, 0);  // the prefill step never reaches it
+      // With the lookahead, greedy steps chain on the device; sampled ones cannot.
+      if (lookahead && sp.greedy()) EXPECT_GT(st.chained, 10);
+      else EXPECT_EQ(st.chained, 0);
+      EXPECT_EQ(kv.live_sequences(), 0);
+    }
   }
 }
 
@@ -166,7 +169,7 @@ TEST_F(DecodeGraphs, LookaheadPastEosDropsTheExtraStepAndItsCache) {
   runtime::GenerationStats want_st, got_st;
   const auto want = eager.generate(reqs, {}, &want_st);
   runtime::DecodeGraphs graphs(m);
-  runtime::Generator graphed(m, kv, {eos}, &graphs);
+  runtime::Generator graphed(m, kv, {eos}, &graphs, /*lookahead=*/true);
   const auto got = graphed.generate(reqs, {}, &got_st);
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "sequence " << i;

@@ -168,6 +168,7 @@ TEST(LlmArgs, BadValuesAreRejectedByValidate) {
   bad("log_level: loud", {"log_level='loud'"});
   bad("backend: tpu", {"backend 'tpu' is unknown", "cpu"});
   bad("cuda_graphs: true", {"cuda_graphs=true", "backend=cpu"});
+  bad("decode_lookahead: true", {"decode_lookahead=true", "cuda_graphs=true"});
   bad("locality_domains:\n  emulate: 0", {"locality_domains.emulate must be >= 1"});
   bad("locality_domains:\n  num_partitions: -1", {"locality_domains.num_partitions"});
   bad("locality_domains:\n  emulate: 2\n  num_partitions: 4", {"locality_domains.num_partitions=4", "locality_domains.emulate=2"});

@@ -158,7 +158,7 @@ TEST(BatchingEngine, RequestsWaitForKvCacheRoom) {
 
 // A request the model rejects at its first forward (a token id outside the vocabulary) fails
 // alone; the request it was batched with goes on to the same tokens as alone. With decode graphs
-// the greedy request's steps chain on the device (the stepper's lookahead), so the bad request
+// and the lookahead the greedy request's steps chain on the device, so the bad request
 // arrives beside a step already launched and takes its (failing) prefill in the step after: it
 // must still fail alone.
 void check_a_rejected_request_fails_alone(bool with_graphs) {
@@ -167,7 +167,7 @@ void check_a_rejected_request_fails_alone(bool with_graphs) {
   runtime::DecodeGraphs graphs(*f.lm.model);
   const runtime::GenerationRequest good{random_ids(5, f.vocab(), fresh_seed()), 12, {}};
   const auto good_alone = f.alone(good);
-  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, with_graphs ? &graphs : nullptr);
+  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, with_graphs ? &graphs : nullptr, /*lookahead=*/with_graphs);
   std::atomic<int> good_tokens{0};
   auto good_done = engine.submit({good, [&](int32_t) { ++good_tokens; }});
   wait_for(good_tokens, 3);
@@ -188,12 +188,12 @@ TEST(BatchingEngine, ARequestTheModelRejectsFailsAlone) {
   check_a_rejected_request_fails_alone(true);
 }
 
-// With decode graphs (and so the lookahead): a greedy request joins a running greedy one, a
+// With decode graphs and the lookahead: a greedy request joins a running greedy one, a
 // third is cancelled mid-way; each ends with its own token count and every cache comes back.
 TEST(BatchingEngine, RequestsComeAndGoBesideLookaheadSteps) {
   EngineFixture f;
   runtime::DecodeGraphs graphs(*f.lm.model);
-  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, &graphs);
+  serve::BatchingEngine engine(*f.lm.model, f.kv, {}, 4, &graphs, /*lookahead=*/true);
   std::atomic<int> first_tokens{0}, cancelled_tokens{0};
   auto first = engine.submit({{random_ids(4, f.vocab(), fresh_seed()), 30, {}}, [&](int32_t) { ++first_tokens; }});
   wait_for(first_tokens, 4);

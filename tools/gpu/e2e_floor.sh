@@ -136,8 +136,8 @@ for fmt in $formats; do
     # Experts by id at every batch (an expert several tokens chose is streamed once per token), so
     # that batch 8 of this model's 32 experts fits a graph too.
     [[ $BACKEND == cuda ]] && runs+=("off, graphs, experts by id|off|LOCUS_MOE_INDEXED=all|--cuda-graphs")
-    # Graphs without the lookahead (each step waits for the last one's tokens on the host).
-    [[ $BACKEND == cuda ]] && runs+=("off, graphs, no lookahead|off|LOCUS_DECODE_LOOKAHEAD=0|--cuda-graphs")
+    # Graphs with the lookahead (each greedy step launched from the device's tokens before they come back).
+    [[ $BACKEND == cuda ]] && runs+=("off, graphs, lookahead|off||--cuda-graphs --decode-lookahead")
   fi
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs flags <<< "$run"

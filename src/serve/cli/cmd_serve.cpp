@@ -41,7 +41,7 @@ int run_serve(const locus::runtime::LlmArgsCli& cli, const ServeOptions& o) {
   lo.log = o.quiet ? nullptr : stderr;
   auto stack = runtime::GenerationStack::load(args, lo, "serve");
   serve::BatchingEngine engine(*stack->model.model, *stack->kv, stack->eos_ids, args.max_batch_size,
-                               stack->graphs.get());
+                               stack->graphs.get(), args.decode_lookahead);
   serve::ServedModel model;
   model.id = !o.served_model_name.empty() ? o.served_model_name
                                           : std::filesystem::path(args.model).lexically_normal().filename().string();
