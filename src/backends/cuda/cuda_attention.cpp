@@ -21,7 +21,8 @@ namespace {
 // A split covers at least this many keys, so each CTA's query-row load is amortized.
 constexpr int64_t kMinKeysPerSplit = 2 * detail::kAttnTcKeys;
 // Decode runs on the decode kernel where its sequences' keys, summed, are at most this many
-// (set_attention_decode_max_keys), or each sequence's are at most kDecodeShortKeys of them.
+// (set_attention_decode_max_keys), or each sequence's are at most kDecodeShortKeys of them and
+// one key split of every sequence takes at most two CTAs per SM (decode_kernel_fits).
 detail::EnvCount g_decode_max_keys{"LOCUS_ATTN_DECODE_MAX_KEYS", 512};
 constexpr int64_t kDecodeShortKeys = 128;
 // The decode kernel's key splits cover at least this many keys (set_attention_decode_split_keys):
@@ -115,12 +116,20 @@ void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t 
 // The decode kernel's key splits: at most one CTA per SM of the stream's partition (or the
 // device; a second CTA on an SM shares its FP32 units and took longer: cuda_attention_bench, H100,
 // docs/benchmarks.md), each split at least g_decode_split_keys keys.
+// The SMs a launch on `stream` can use: its partition's, or the device's.
+int64_t stream_sms(cudaStream_t stream, int device) {
+  const int sms = detail::partition_stream_sm_count(stream);
+  return sms > 0 ? sms : device_attribute(device, cudaDevAttrMultiProcessorCount);
+}
+
+// The decode kernel's CTAs for one key split of every sequence in `a`.
+int64_t decode_ctas_per_split(const detail::MlaAttentionArgs& a) {
+  return ceil_div(a.H, detail::kAttnDecodeHeads) * std::max(a.num_seqs, 1);
+}
+
 detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t keys, cudaStream_t stream,
                                      int device) {
-  const int64_t ctas = ceil_div(a.H, detail::kAttnDecodeHeads) * std::max(a.num_seqs, 1);
-  int sms = detail::partition_stream_sm_count(stream);
-  if (sms <= 0) sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
-  const int64_t fill = std::max<int64_t>(1, static_cast<int64_t>(sms) / ctas);
+  const int64_t fill = std::max<int64_t>(1, stream_sms(stream, device) / decode_ctas_per_split(a));
   detail::AttnSplit sp;
   const int64_t min_split = std::max<int64_t>(1, g_decode_split_keys.get());
   sp.split_keys = std::min<int64_t>(std::max(min_split, ceil_div(keys, fill)), detail::kAttnDecodeMaxSplitKeys);
@@ -128,13 +137,15 @@ detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t 
   return sp;
 }
 
-// Whether decode over `keys` keys at most for each of `seqs` sequences takes the decode kernel: at
-// short contexts it is latency that counts, and the tensor-core kernel's 64-row CTAs take longer
-// (cuda_attention_bench, H100: at 1, 2, 4 and 8 sequences the decode kernel was faster up to 512,
-// 256, 128 and 128 keys each, slower beyond).
-bool decode_kernel_fits(int64_t keys, int64_t seqs) {
+// Whether decode over `keys` keys at most for each of `seqs` sequences (`ctas` CTAs a key split, on
+// `sms` SMs) takes the decode kernel: at short contexts it is latency that counts, and the
+// tensor-core kernel's 64-row CTAs take longer (cuda_attention_bench, H100: at 1, 2, 4 and 8
+// sequences the decode kernel was faster up to 512, 256, 128 and 128 keys each, slower beyond; at
+// 16 sequences, more CTAs than two per SM, slower from 64 keys).
+bool decode_kernel_fits(int64_t keys, int64_t seqs, int64_t ctas, int64_t sms) {
   const int64_t max_keys = g_decode_max_keys.get();
-  return max_keys > 0 && (keys <= std::min(kDecodeShortKeys, max_keys) || keys * seqs <= max_keys);
+  if (max_keys <= 0) return false;
+  return keys * seqs <= max_keys || (keys <= std::min(kDecodeShortKeys, max_keys) && ctas <= 2 * sms);
 }
 
 // The kernel for `a` over `keys` keys at most: the decode kernel where it applies and the keys are
@@ -142,7 +153,8 @@ bool decode_kernel_fits(int64_t keys, int64_t seqs) {
 // tc_smem_fitting).
 void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s, int device) {
   const bool splits_fit = ceil_div(keys, detail::kAttnDecodeMaxSplitKeys) <= detail::kAttnMaxSplits;
-  if (decode_kernel_fits(keys, std::max(a.num_seqs, 1)) && splits_fit && detail::attn_decode_applies(a)) {
+  if (decode_kernel_fits(keys, std::max(a.num_seqs, 1), decode_ctas_per_split(a), stream_sms(s, device)) &&
+      splits_fit && detail::attn_decode_applies(a)) {
     return run_splits(a, plan_decode_splits(a, keys, s, device), s,
                       [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); });
   }
