@@ -24,23 +24,21 @@
 
 namespace locus::testing {
 
-// Decode attention over at most `keys` keys on the CUDA-core decode kernel while it lives (0: the
-// tensor-core kernel for all), then the default again.
-class DecodeAttentionKeys {
+// An attention setting (a cuda::set_attention_* function) at `value` while it lives, then its
+// default again.
+template <void (*Set)(int64_t)>
+class ScopedAttentionSetting {
  public:
-  explicit DecodeAttentionKeys(int64_t keys) { cuda::set_attention_decode_max_keys(keys); }
-  ~DecodeAttentionKeys() { cuda::set_attention_decode_max_keys(-1); }
-  DecodeAttentionKeys(const DecodeAttentionKeys&) = delete;
-  DecodeAttentionKeys& operator=(const DecodeAttentionKeys&) = delete;
+  explicit ScopedAttentionSetting(int64_t value) { Set(value); }
+  ~ScopedAttentionSetting() { Set(-1); }
+  ScopedAttentionSetting(const ScopedAttentionSetting&) = delete;
+  ScopedAttentionSetting& operator=(const ScopedAttentionSetting&) = delete;
 };
-// The decode kernel's key splits at least `keys` keys long while it lives, then the default again.
-class DecodeAttentionSplitKeys {
- public:
-  explicit DecodeAttentionSplitKeys(int64_t keys) { cuda::set_attention_decode_split_keys(keys); }
-  ~DecodeAttentionSplitKeys() { cuda::set_attention_decode_split_keys(-1); }
-  DecodeAttentionSplitKeys(const DecodeAttentionSplitKeys&) = delete;
-  DecodeAttentionSplitKeys& operator=(const DecodeAttentionSplitKeys&) = delete;
-};
+// Decode attention on the CUDA-core decode kernel up to the given keys (0: the tensor-core kernel
+// for all).
+using DecodeAttentionKeys = ScopedAttentionSetting<cuda::set_attention_decode_max_keys>;
+// The decode kernel's key splits at least the given keys long.
+using DecodeAttentionSplitKeys = ScopedAttentionSetting<cuda::set_attention_decode_split_keys>;
 // Both kernels of decode attention, for tests that run each: the tensor-core one, then the
 // decode kernel at any key count (its key splits included).
 constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;
