@@ -35,7 +35,7 @@ bool StepGraph::recorded() const {
   return static_cast<bool>(impl_->body);
 }
 
-void StepGraph::record(Device device, Body body) {
+void StepGraph::record(Device device, Body body, bool twin) {
   LOCUS_CHECK(static_cast<bool>(body), "StepGraph::record: no step to record");
   impl_ = std::make_unique<Impl>();
   impl_->device = device;
@@ -50,12 +50,13 @@ void StepGraph::record(Device device, Body body) {
   try {
     im.graph.begin_capture(im.capture_stream);
     im.output = body(Stream{device, im.capture_stream});
-    im.graph.end_capture();
+    im.graph.end_capture(twin);
   } catch (...) {
     impl_ = std::make_unique<Impl>();  // abandons the capture, gives its blocks back
     throw;
   }
 #else
+  (void)twin;
   LOCUS_THROW("StepGraph: ", device.name(), " steps need the CUDA backend, which this build does not have");
 #endif
 }

@@ -26,7 +26,9 @@ class StepGraph {
   // for the device), and its output tensor is kept: every replay overwrites it. Throws an Error
   // naming the cause when the body cannot be captured (an op that reads back to the host or
   // waits for the device, a launch outside the capture stream); the graph is then empty.
-  void record(Device device, Body body);
+  // twin: on CUDA two executable graphs that replays take in turn (cuda::Graph::end_capture), for
+  // a step replayed while its last replay may still run; the CPU form has no use for it.
+  void record(Device device, Body body, bool twin = false);
   // Runs the recorded step on `stream` (queued, on CUDA) and returns its output.
   Tensor replay(const Stream& stream);
   bool recorded() const;

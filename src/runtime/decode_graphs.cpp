@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "core/host_profile.h"
 #include "ops/host_readback.h"
@@ -157,12 +158,12 @@ DecodeGraphs::Key DecodeGraphs::key_of(const std::vector<models::SequenceStep>& 
   return {static_cast<int64_t>(batch.size()), key_bound(max_length)};
 }
 
-bool DecodeGraphs::ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body) {
+bool DecodeGraphs::ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body, bool twin) {
   if (graph.recorded()) return true;
   HostProfileScope profile("decode graphs: record");
   make_room();
   try {
-    graph.record(model_.options().device, body);
+    graph.record(model_.options().device, body, twin);
     ++stats_.recorded;
     return true;
   } catch (const Error& err) {
@@ -249,7 +250,9 @@ Tensor DecodeGraphs::step_chained(const std::vector<models::SequenceStep>& batch
       return {};
   }
   last_ = nullptr;
-  if (!ensure_recorded(*prev, prev->chained, prev->forward(&model_))) return {};
+  // Twin executables: this replay is queued while the last one may still run (the lookahead).
+  static const bool twin = env_switch_on("LOCUS_CHAINED_GRAPH_TWINS");  // an A/B switch, read once
+  if (!ensure_recorded(*prev, prev->chained, prev->forward(&model_), twin)) return {};
   prev->last_used = ++clock_;
   Tensor logits;
   {

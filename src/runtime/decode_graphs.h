@@ -99,7 +99,7 @@ class DecodeGraphs {
   void fill_tables(Entry& e, const std::vector<models::SequenceStep>& batch);
   // Records `graph` with `body` when it is not yet; false (the key is remembered as failed) when
   // the capture fails.
-  bool ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body);
+  bool ensure_recorded(Entry& e, ops::StepGraph& graph, const ops::StepGraph::Body& body, bool twin = false);
   void advance_lengths(Entry& e, const std::vector<models::SequenceStep>& batch);  // host-side, after a step
 
   void make_room();  // drops the least recently used graph when max_graphs are recorded

@@ -138,6 +138,8 @@ for fmt in $formats; do
     [[ $BACKEND == cuda ]] && runs+=("off, graphs, experts by id|off|LOCUS_MOE_INDEXED=all|--cuda-graphs")
     # Graphs with the lookahead (each greedy step launched from the device's tokens before they come back).
     [[ $BACKEND == cuda ]] && runs+=("off, graphs, lookahead|off||--cuda-graphs --decode-lookahead")
+    # The same with one executable for the chained steps (each launch then queues behind the last).
+    [[ $BACKEND == cuda ]] && runs+=("off, graphs, lookahead, one executable|off|LOCUS_CHAINED_GRAPH_TWINS=0|--cuda-graphs --decode-lookahead")
   fi
   for run in "${runs[@]}"; do
     IFS='|' read -r label ld envs flags <<< "$run"

@@ -20,8 +20,11 @@ class Graph {
 
   // Starts capturing the work queued on `stream`. Throws when a capture is already running there.
   void begin_capture(void* stream);
-  // Ends the capture and instantiates the graph (throws with the reason when capture broke).
-  void end_capture();
+  // Ends the capture and instantiates the graph (throws with the reason when capture broke);
+  // with twin = true twice, and replays take the two executables in turn: a launch of an
+  // executable graph is ordered behind its previous launch, so where the host queues a replay
+  // while the last one still runs (decode lookahead), the twin need not wait for it.
+  void end_capture(bool twin = false);
   // Replays the graph on `stream` (asynchronous).
   void replay(void* stream) const;
   bool ready() const { return exec_ != nullptr; }
@@ -32,6 +35,8 @@ class Graph {
   void* capture_stream_ = nullptr;
   void* graph_ = nullptr;  // cudaGraph_t
   void* exec_ = nullptr;   // cudaGraphExec_t
+  void* twin_ = nullptr;   // a second cudaGraphExec_t of the same graph, or null
+  mutable bool twin_next_ = false;  // the next replay takes twin_
   // Device blocks allocated and freed during the capture, which replays still use; given back to
   // the allocator with the graph (capture_state.h).
   std::vector<void*> held_blocks_;

@@ -144,8 +144,10 @@ Graph& Graph::operator=(Graph&& o) noexcept {
     capture_stream_ = o.capture_stream_;
     graph_ = o.graph_;
     exec_ = o.exec_;
+    twin_ = o.twin_;
+    twin_next_ = o.twin_next_;
     held_blocks_ = std::move(o.held_blocks_);
-    o.capture_stream_ = o.graph_ = o.exec_ = nullptr;
+    o.capture_stream_ = o.graph_ = o.exec_ = o.twin_ = nullptr;
     o.held_blocks_.clear();
   }
   return *this;
@@ -153,8 +155,10 @@ Graph& Graph::operator=(Graph&& o) noexcept {
 
 void Graph::reset() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (twin_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(twin_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
-  exec_ = graph_ = nullptr;
+  exec_ = twin_ = graph_ = nullptr;
+  twin_next_ = false;
   detail::release_capture_blocks(held_blocks_);
 }
 
@@ -167,7 +171,7 @@ void Graph::begin_capture(void* stream) {
   detail::capture_started();
 }
 
-void Graph::end_capture() {
+void Graph::end_capture(bool twin) {
   LOCUS_CHECK(capture_stream_ != nullptr, "Graph::end_capture without begin_capture");
   cudaGraph_t g = nullptr;
   cudaError_t e = cudaStreamEndCapture(as_stream(capture_stream_), &g);
@@ -178,11 +182,18 @@ void Graph::end_capture() {
   cudaGraphExec_t ex = nullptr;
   LOCUS_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
   exec_ = ex;
+  if (twin) {
+    cudaGraphExec_t second = nullptr;
+    LOCUS_CUDA_CHECK(cudaGraphInstantiate(&second, g, 0));
+    twin_ = second;
+  }
 }
 
 void Graph::replay(void* stream) const {
   LOCUS_CHECK(exec_ != nullptr, "Graph::replay before a successful capture");
-  LOCUS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), as_stream(stream)));
+  void* exec = twin_ && twin_next_ ? twin_ : exec_;
+  LOCUS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), as_stream(stream)));
+  if (twin_) twin_next_ = !twin_next_;
 }
 
 }  // namespace locus::cuda
