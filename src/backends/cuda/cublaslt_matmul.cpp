@@ -3,8 +3,8 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <array>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -230,11 +230,21 @@ std::vector<float> time_tactics(const StreamLt& lt, const std::vector<Tactic>& c
   return ms;
 }
 
+// An algorithm's K split and reduction scheme (cublasLtReductionScheme_t), for the choice log.
+std::string split_k_of(const cublasLtMatmulAlgo_t& algo) {
+  int32_t split_k = 0, reduction = 0;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof(split_k), &written);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction, sizeof(reduction),
+                                       &written);
+  return str("split-K ", split_k, ", reduction ", reduction);
+}
+
 // The heuristic's candidates for the whole device and, on a partition stream (`sm_part` > 0), for
 // the partition's SM count too: cuBLASLt does not see a green context's SMs, and its whole-device
 // picks can take as long on half the SMs as on all of them. The fastest in a graph is taken
-// (outside a capture: timing runs real work on the stream); inside one the whole-device heuristic's first
-// choice is taken, so later calls stay deterministic.
+// (outside a capture: timing runs real work on the stream); inside one the whole-device
+// heuristic's first choice is taken, so later calls stay deterministic.
 Tactic choose_tactic(const StreamLt& lt, const LtMatmul& mm, int sm_part, cudaStream_t stream, const std::string& key) {
   constexpr int kCandidates = 8;
   std::vector<Tactic> cands;
@@ -257,15 +267,8 @@ Tactic choose_tactic(const StreamLt& lt, const LtMatmul& mm, int sm_part, cudaSt
   const size_t pick = static_cast<size_t>(std::min_element(ms.begin(), ms.end()) - ms.begin());
   if (log_choices()) {
     std::string times;
-    for (size_t i = 0; i < cands.size(); ++i) {
-      int32_t split_k = 0, reduction = 0;
-      size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&cands[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof(split_k),
-                                           &written);
-      cublasLtMatmulAlgoConfigGetAttribute(&cands[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
-                                           sizeof(reduction), &written);
-      times += str(i ? ", " : "", ms[i] * 1e3f, " us (split-K ", split_k, ", reduction ", reduction, ")");
-    }
+    for (size_t i = 0; i < cands.size(); ++i)
+      times += str(i ? ", " : "", ms[i] * 1e3f, " us (", split_k_of(cands[i].algo), ")");
     std::fprintf(stderr, "locus: cuBLASLt tactic %s: %s -> %zu\n", key.c_str(), times.c_str(), pick);
   }
   return cands[pick];

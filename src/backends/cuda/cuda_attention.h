@@ -23,9 +23,10 @@ void mla_attention_batch(const Tensor& q_a, const Tensor& q_b, const std::vector
 
 // Decode attention (one query token per sequence over one shared latent head) runs on the
 // CUDA-core decode kernel where its sequences' keys, summed, are at most `keys` (or each
-// sequence's at most min(128, keys), with at most two CTAs per SM), else on the tensor-core one; 0 sends all to the tensor-core
-// kernel, -1 restores the default (512, or LOCUS_ATTN_DECODE_MAX_KEYS). For tests and benchmarks;
-// a graph keeps the kernel chosen when it was captured.
+// sequence's at most min(128, keys), with at most two CTAs per SM), else on the tensor-core one;
+// 0 sends all to the tensor-core kernel, -1 restores the default (512, or
+// LOCUS_ATTN_DECODE_MAX_KEYS). For tests and benchmarks; a graph keeps the kernel chosen when it
+// was captured.
 void set_attention_decode_max_keys(int64_t keys);
 // The decode kernel's key splits cover at least `keys` keys; -1 restores the default (64, or
 // LOCUS_ATTN_DECODE_SPLIT_KEYS). For tests and benchmarks.

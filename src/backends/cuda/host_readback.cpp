@@ -53,7 +53,8 @@ class SlotPool {
     cudaError_t err = cudaHostAlloc(&s->host, s->bytes, cudaHostAllocMapped);
     if (err == cudaSuccess) err = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
     cudaPointerAttributes attr{};
-    if (err == cudaSuccess && cudaPointerGetAttributes(&attr, s->host) == cudaSuccess) s->device_view = attr.devicePointer;
+    if (err == cudaSuccess && cudaPointerGetAttributes(&attr, s->host) == cudaSuccess)
+      s->device_view = attr.devicePointer;
     cudaGetLastError();  // a failed attribute query leaves the copy engine to this block
     if (err != cudaSuccess) {
       if (s->host) cudaFreeHost(s->host);
