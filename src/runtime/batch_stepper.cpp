@@ -37,7 +37,7 @@ BatchStepper::BatchStepper(models::DeepseekV3ForCausalLM& model, KvCacheManager&
     : model_(model), kv_(kv), eos_(std::move(eos_ids)), graphs_(graphs) {}
 
 BatchStepper::~BatchStepper() {
-  finish_lookahead();
+  finish_step(lookahead_);
   for (auto& s : seqs_) kv_.release(s->cache_id);
 }
 
@@ -60,10 +60,10 @@ void BatchStepper::release_when_done(int64_t cache_id) {
   else kv_.release(cache_id);
 }
 
-void BatchStepper::finish_lookahead() {
-  if (!lookahead_) return;
-  std::vector<int64_t> caches = std::move(lookahead_->release_after);
-  lookahead_.reset();  // waits for its tokens' copy, so for the step itself
+void BatchStepper::finish_step(std::unique_ptr<Launched>& step) {
+  if (!step) return;
+  std::vector<int64_t> caches = std::move(step->release_after);
+  step.reset();  // waits for its tokens' copy, so for the step itself
   for (int64_t c : caches) kv_.release(c);
 }
 
@@ -74,7 +74,7 @@ GenerationResult BatchStepper::drop(uint64_t key) {
   GenerationResult r = std::move((*it)->result);
   r.finish_reason = "cancelled";
   seqs_.erase(it);
-  if (seqs_.empty()) finish_lookahead();  // it ran for ended sequences only: free their caches now
+  if (seqs_.empty()) finish_step(lookahead_);  // it ran for ended sequences only: free their caches now
   return r;
 }
 
@@ -163,10 +163,8 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
   } catch (...) {
     // A sampler, a callback or a lookahead failed after the caches moved on: no sequence can
     // continue. The steps in flight are waited for before their caches go back.
-    finish_lookahead();
-    const std::vector<int64_t> caches = std::move(now->release_after);
-    now.reset();  // waits for its tokens' copy, so for the step itself
-    for (int64_t c : caches) kv_.release(c);
+    finish_step(lookahead_);
+    finish_step(now);
     for (auto& s : seqs_) kv_.release(s->cache_id);
     seqs_.clear();
     throw;
@@ -181,7 +179,7 @@ std::vector<BatchStepper::Finished> BatchStepper::step(StepInfo* info) {
     }
   }
   seqs_ = std::move(running);
-  if (seqs_.empty()) finish_lookahead();  // it ran for ended sequences only: free their caches now
+  if (seqs_.empty()) finish_step(lookahead_);  // it ran for ended sequences only: free their caches now
   if (info) *info = st;
   return finished;
 }

@@ -61,8 +61,9 @@ class BatchStepper {
   };
   // Lookahead (with decode graphs; off unless set, LlmArgs::decode_lookahead): where every sequence
   // decodes greedily and none reaches its token limit with the coming token, the next decode step
-  // is launched from the device (DecodeGraphs::step_chained: the coming tokens never visit the host first) before this
-  // step's tokens are read back, so the device does not wait for the host between steps. A
+  // is launched from the device (DecodeGraphs::step_chained: the coming tokens never visit the
+  // host first) before this step's tokens are read back, so the device need not wait for the host
+  // between steps. A
   // sequence that ends by eos has then had one step too many run for it, whose token is dropped
   // (its cache is released after that step, or at once when no sequence is left). The next
   // step() returns that step's tokens (StepInfo: no prompt tokens); a sequence added meanwhile
@@ -88,7 +89,8 @@ class BatchStepper {
   std::unique_ptr<Launched> launch_chained(const Launched& now);
   std::vector<int32_t> collect(Launched& step);  // waits for its tokens (or samples them)
   void release_when_done(int64_t cache_id);      // now, or after the step in flight that writes it
-  void finish_lookahead();  // waits for the step in flight, if any, and frees the caches it held
+  // Waits for `step` (its tokens' copy, so the step itself), if any, then frees the caches it held.
+  void finish_step(std::unique_ptr<Launched>& step);
   models::DeepseekV3ForCausalLM& model_;
   KvCacheManager& kv_;
   std::vector<int32_t> eos_;

@@ -113,9 +113,6 @@ void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t 
   detail::scratch_free(scratch, s);
 }
 
-// The decode kernel's key splits: at most one CTA per SM of the stream's partition (or the
-// device; a second CTA on an SM shares its FP32 units and took longer: cuda_attention_bench, H100,
-// docs/benchmarks.md), each split at least g_decode_split_keys keys.
 // The SMs a launch on `stream` can use: its partition's, or the device's.
 int64_t stream_sms(cudaStream_t stream, int device) {
   const int sms = detail::partition_stream_sm_count(stream);
@@ -127,6 +124,9 @@ int64_t decode_ctas_per_split(const detail::MlaAttentionArgs& a) {
   return ceil_div(a.H, detail::kAttnDecodeHeads) * std::max(a.num_seqs, 1);
 }
 
+// The decode kernel's key splits: at most one CTA per SM of the stream's partition (or the
+// device; a second CTA on an SM shares its FP32 units and took longer: cuda_attention_bench, H100,
+// docs/benchmarks.md), each split at least g_decode_split_keys keys.
 detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t keys, cudaStream_t stream,
                                      int device) {
   const int64_t fill = std::max<int64_t>(1, stream_sms(stream, device) / decode_ctas_per_split(a));

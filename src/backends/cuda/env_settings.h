@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "core/env_switch.h"
 
