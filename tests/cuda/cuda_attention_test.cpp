@@ -379,6 +379,50 @@ TEST(CudaAttention, BatchedDecodeIsDeterministicAndCapturable) {
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
+TEST(CudaAttention, DecodeKernelMergesItsSplitsAsTheCombineKernelDoes) {
+  LOCUS_REQUIRE_GPU();
+  // The decode kernel's last CTA of each head group merges the key splits (the default) or the
+  // combine kernel does: the same bits, eagerly and replayed from a graph several times (each
+  // launch must leave its counters at zero for the next). Splits of 7 keys (up to 43 of them) and
+  // of 64; 128 heads (32 head groups) and 5 (a group of 4 and one of 1); one launch of 5
+  // sequences, one of which has a single key.
+  DecodeAttentionKeys kernel(kDecodeKernelAttention);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (int64_t split_keys : {7, 64}) {
+    DecodeAttentionSplitKeys split(split_keys);
+    for (int64_t H : {128, 5}) {
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " split keys " << split_keys << " H " << H);
+      const BatchDecode b(H, 512, 64, {1, 300, 70, 33, 5}, seed);
+      Tensor by_combine;
+      {
+        DecodeAttentionFusedCombine fused(0);
+        by_combine = b.run(stream);
+      }
+      DecodeAttentionFusedCombine fused(1);
+      const Tensor merged = b.run(stream);
+      EXPECT_TRUE(bitwise_equal(merged, by_combine));
+      EXPECT_TRUE(bitwise_equal(b.run(stream), by_combine)) << "a second launch";
+      b.expect_matches(merged);
+
+      Tensor out = poisoned_gpu({5, H, 512}, DType::kBF16);
+      cuda::Graph graph;
+      graph.begin_capture(stream);
+      ops::mla_attention_batch(b.q_lat_gpu, b.q_gpu.slice(2, BatchDecode::dn, BatchDecode::dn + 64),
+                               b.key_views(b.caches_gpu), out, b.scale(), Stream{Device::cuda(0), stream});
+      graph.end_capture();
+      for (int replay = 0; replay < 3; ++replay) {
+        out.fill_nan_();
+        cuda::device_synchronize(0);  // the poison is in place before the replay on `stream`
+        graph.replay(stream);
+        EXPECT_TRUE(bitwise_equal(fetch(out), by_combine)) << "replay " << replay;
+      }
+    }
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 TEST(CudaAttention, DeterministicAndCapturableInAGraph) {
   LOCUS_REQUIRE_GPU();
   // Long decode (key splits + combine, scratch from the stream-ordered pool) and a prefill.

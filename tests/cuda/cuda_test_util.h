@@ -39,6 +39,8 @@ class ScopedAttentionSetting {
 using DecodeAttentionKeys = ScopedAttentionSetting<cuda::set_attention_decode_max_keys>;
 // The decode kernel's key splits at least the given keys long.
 using DecodeAttentionSplitKeys = ScopedAttentionSetting<cuda::set_attention_decode_split_keys>;
+// The decode kernel's splits merged by its own last CTAs (1) or by the combine kernel (0).
+using DecodeAttentionFusedCombine = ScopedAttentionSetting<cuda::set_attention_decode_fused_combine>;
 // Both kernels of decode attention, for tests that run each: the tensor-core one, then the
 // decode kernel at any key count (its key splits included).
 constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;

@@ -15,9 +15,11 @@
 //   (3) values: thread t owns value words t, t + 256, ... and sums p * v over the split's keys
 //       for the 4 heads (the value rows are the key rows already read, now from L1/L2).
 // One split writes out = sum / l; several write unnormalized sums and (max, sum) in the
-// tensor-core kernel's partial layout, merged by its combine kernel.
+// tensor-core kernel's partial layout, merged by its combine kernel or, with counters, by the
+// last CTA of each head group (no second launch).
 #include <cuda_bf16.h>
 
+#include "backends/cuda/attention_combine.cuh"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/attention_seq.cuh"
 #include "backends/cuda/cuda_check.h"
@@ -66,6 +68,44 @@ __device__ __forceinline__ float warp_sum_spread(float (&v)[N], int lane) {
 
 __device__ __forceinline__ const uint32_t* words(const void* base, int64_t element_offset) {
   return reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(base) + element_offset);
+}
+
+// The fused combine (AttnSplit::counters): after this CTA's partial sums are written, the last
+// CTA of its (sequence, head group) to finish merges every split of the group's heads into `out`
+// (the threadfence-reduction pattern: each CTA fences its writes before it counts itself in).
+// `weights` is shared memory for HB x kAttnMaxSplits floats (the scores, no longer needed).
+__device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit& sp, int h0,
+                                     float (*weights)[kAttnDecodeMaxSplitKeys]) {
+  static_assert(kAttnDecodeMaxSplitKeys >= kAttnMaxSplits, "a head's split weights live in its score row");
+  __shared__ bool last;
+  __shared__ float inv_l[HB];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* counter = sp.counters + blockIdx.z * gridDim.x + blockIdx.x;
+    last = atomicAdd(counter, 1u) == static_cast<unsigned>(sp.splits - 1);
+    if (last) *counter = 0;  // the next launch on this stream starts from zero
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int64_t TH = a.T * a.H;
+  const int64_t first = static_cast<int64_t>(blockIdx.z) * sp.splits * TH + h0;  // split 0, head h0
+  if (threadIdx.x < HB && h0 + static_cast<int>(threadIdx.x) < a.H)
+    inv_l[threadIdx.x] = attn_split_weights(sp.partial_ml + (first + threadIdx.x) * 2, TH * 2, sp.splits,
+                                            weights[threadIdx.x]);
+  __syncthreads();
+  // Token 0 of the sequence's output rows (its query, key and table reads are not needed here).
+  void* const out = static_cast<char*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.T * a.out_row_stride * (a.out_f32 ? 4 : 2);
+  for (int h = 0; h < HB && h0 + h < a.H; ++h) {
+    const float* po = sp.partial_o + (first + h) * a.Dv;
+    const int64_t off = (h0 + h) * a.out_head_stride;
+    for (int d = threadIdx.x; d < a.Dv; d += kThreads) {
+      const float o = attn_combined(po + d, TH * a.Dv, sp.splits, weights[h], inv_l[h]);
+      if (a.out_f32) static_cast<float*>(out)[off + d] = o;
+      else static_cast<__nv_bfloat16*>(out)[off + d] = __float2bfloat16_rn(o);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_constant__ MlaAttentionArgs a,
@@ -218,6 +258,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
     ml[0] = row_max[threadIdx.x];  // -inf with l = 0 where the split holds none of the keys
     ml[1] = row_sum[threadIdx.x];
   }
+  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, h0, scores);
 }
 
 bool whole_words(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

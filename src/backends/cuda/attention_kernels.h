@@ -83,6 +83,10 @@ struct AttnSplit {
   int64_t split_keys = 0;  // a multiple of kAttnTcKeys
   float* partial_o = nullptr;
   float* partial_ml = nullptr;
+  // The decode kernel only: one zero counter per (sequence, head group), or nullptr. With them the
+  // last CTA of a head group to finish merges its splits (launch_attn_combine's result, bit for
+  // bit) and sets its counter back to zero; without them launch_attn_combine must follow.
+  unsigned* counters = nullptr;
 };
 void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_bytes, cudaStream_t stream);
 void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
@@ -93,7 +97,8 @@ constexpr int kAttnMaxSplits = 256;
 // most SMs idle: a CTA takes kAttnDecodeHeads query heads of one sequence and one key split,
 // scores its keys (a warp per key), takes the softmax, and sums the values (a thread per pair of
 // value columns), in fp32. It writes `out` (one split) or the same partial sums and (max, sum)
-// as the tensor-core kernel's splits, for launch_attn_combine.
+// as the tensor-core kernel's splits, merged by launch_attn_combine or by its own last CTA of
+// each head group (AttnSplit::counters).
 constexpr int kAttnDecodeHeads = 4;
 constexpr int kAttnDecodeMaxDa = 512;        // k_a (and v) head dims
 constexpr int kAttnDecodeMaxDb = 64;         // k_b head dims

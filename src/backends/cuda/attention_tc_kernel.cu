@@ -26,6 +26,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "backends/cuda/attention_combine.cuh"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/attention_seq.cuh"
 #include "backends/cuda/cuda_check.h"
@@ -418,25 +419,12 @@ __global__ void __launch_bounds__(128) attn_combine_kernel(const __grid_constant
   // This row's slots: split z of sequence blockIdx.y at (blockIdx.y * splits + z) * TH + row.
   const float* pml = sp.partial_ml + (static_cast<int64_t>(blockIdx.y) * sp.splits * TH + row) * 2;
   const float* po = sp.partial_o + (static_cast<int64_t>(blockIdx.y) * sp.splits * TH + row) * a.Dv;
-  if (threadIdx.x == 0) {
-    float m = -INFINITY;
-    for (int z = 0; z < sp.splits; ++z) m = fmaxf(m, pml[z * TH * 2]);
-    float l = 0.f;
-    for (int z = 0; z < sp.splits; ++z) {
-      const float mz = pml[z * TH * 2];
-      const float w = mz == -INFINITY ? 0.f : exp2f(mz - m);  // a split with no visible key
-      w_s[z] = w;
-      l += w * pml[z * TH * 2 + 1];
-    }
-    inv_l = 1.f / l;
-  }
+  if (threadIdx.x == 0) inv_l = attn_split_weights(pml, TH * 2, sp.splits, w_s);
   __syncthreads();
   const int64_t t = row / a.H, h = row % a.H;
   const int64_t off = t * a.out_row_stride + h * a.out_head_stride;
   for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
-    float o = 0.f;
-    for (int z = 0; z < sp.splits; ++z) o += w_s[z] * po[z * TH * a.Dv + d];
-    o *= inv_l;
+    const float o = attn_combined(po + d, TH * a.Dv, sp.splits, w_s, inv_l);
     if (a.out_f32) static_cast<float*>(so.out)[off + d] = o;
     else static_cast<__nv_bfloat16*>(so.out)[off + d] = __float2bfloat16_rn(o);
   }

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kv_table.h"
 #include "backends/cuda/env_settings.h"
+#include "backends/cuda/stream_scratch.h"
 #include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda {
@@ -28,6 +29,9 @@ constexpr int64_t kDecodeShortKeys = 128;
 // The decode kernel's key splits cover at least this many keys (set_attention_decode_split_keys):
 // shorter splits spread a short context over more SMs, each split more costs the combine.
 detail::EnvCount g_decode_split_keys{"LOCUS_ATTN_DECODE_SPLIT_KEYS", 64};
+// The decode kernel merges its key splits in its last CTA of each head group, not in a second
+// launch (set_attention_decode_fused_combine).
+detail::EnvToggle g_decode_fused_combine{"LOCUS_ATTN_DECODE_FUSED_COMBINE", true};
 
 detail::AttnOperand operand(const Tensor& t) {
   // A one-head operand is shared by every query head: head stride 0.
@@ -97,9 +101,11 @@ int tc_smem_fitting(const detail::MlaAttentionArgs& a, int device) {
   return tc_smem > 0 && tc_smem <= device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin) ? tc_smem : 0;
 }
 
-// Runs `launch` with the split plan `sp`, then the combine of its key splits when there are several.
+// Runs `launch` with the split plan `sp`, then the combine of its key splits when there are several
+// (unless the kernel merges them itself: `fused_combine_counters`, the decode kernel's counters).
 template <typename Launch>
-void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t s, Launch launch) {
+void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t s, Launch launch,
+                size_t fused_combine_counters = 0) {
   if (sp.splits == 1) return launch(sp);
   // [sequences][splits][T*H] slots of Dv partial sums, then of (max, sum).
   const size_t partial_floats =
@@ -108,8 +114,9 @@ void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t 
       detail::scratch_alloc(partial_floats * (static_cast<size_t>(a.Dv) + 2) * sizeof(float), s));
   sp.partial_o = scratch;
   sp.partial_ml = scratch + partial_floats * static_cast<size_t>(a.Dv);
+  if (fused_combine_counters > 0) sp.counters = detail::stream_scratch(s, fused_combine_counters, 0).counters;
   launch(sp);
-  detail::launch_attn_combine(a, sp, s);
+  if (sp.counters == nullptr) detail::launch_attn_combine(a, sp, s);
   detail::scratch_free(scratch, s);
 }
 
@@ -155,8 +162,10 @@ void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s,
   const bool splits_fit = ceil_div(keys, detail::kAttnDecodeMaxSplitKeys) <= detail::kAttnMaxSplits;
   if (decode_kernel_fits(keys, std::max(a.num_seqs, 1), decode_ctas_per_split(a), stream_sms(s, device)) &&
       splits_fit && detail::attn_decode_applies(a)) {
-    return run_splits(a, plan_decode_splits(a, keys, s, device), s,
-                      [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); });
+    const size_t counters = g_decode_fused_combine.on() ? static_cast<size_t>(decode_ctas_per_split(a)) : 0;
+    return run_splits(
+        a, plan_decode_splits(a, keys, s, device), s,
+        [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); }, counters);
   }
   run_splits(a, plan_splits(a, keys, s, device), s,
              [&](const detail::AttnSplit& sp) { detail::launch_attn_tc(a, sp, tc_smem, s); });
@@ -192,6 +201,10 @@ bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_d
 
 void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.set(keys); }
 void set_attention_decode_split_keys(int64_t keys) { g_decode_split_keys.set(keys); }
+void set_attention_decode_fused_combine(int64_t on) {
+  if (on < 0) g_decode_fused_combine.reset();
+  else g_decode_fused_combine.set(on != 0);
+}
 
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream) {

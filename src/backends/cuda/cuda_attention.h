@@ -31,5 +31,9 @@ void set_attention_decode_max_keys(int64_t keys);
 // The decode kernel's key splits cover at least `keys` keys; -1 restores the default (64, or
 // LOCUS_ATTN_DECODE_SPLIT_KEYS). For tests and benchmarks.
 void set_attention_decode_split_keys(int64_t keys);
+// 1: the decode kernel merges its key splits itself (its last CTA of each head group: the
+// default), 0: in a second launch, the combine kernel; -1 restores the default (on, or
+// LOCUS_ATTN_DECODE_FUSED_COMBINE). Both give the same bits. For tests and benchmarks.
+void set_attention_decode_fused_combine(int64_t on);
 
 }  // namespace locus::cuda

@@ -33,6 +33,7 @@ class EnvToggle {
     return v == 1;
   }
   void set(bool on) { state_.store(on ? 1 : 0); }
+  void reset() { state_.store(-1); }  // back to the environment's value
 
  private:
   const char* name_;

@@ -25,6 +25,10 @@ struct RmsnormArgs {
   float eps;
 };
 
+// Chunks of V elements a thread keeps in registers between the sum of squares and the scaling
+// (h = 7168 at 8 elements a chunk is one chunk a thread); later chunks are read from x again.
+constexpr int kKeptChunks = 2;
+
 template <class XT, class WT, class YT, int V>
 __global__ void rmsnorm_kernel(RmsnormArgs a) {
   small_op_start();
@@ -33,31 +37,47 @@ __global__ void rmsnorm_kernel(RmsnormArgs a) {
   using XS = typename XT::Storage;
   using YS = typename YT::Storage;
   const auto* w = static_cast<const typename WT::Storage*>(a.w);
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * V, step = static_cast<int64_t>(blockDim.x) * V;
   for (int64_t row = blockIdx.x; row < a.num_rows; row += gridDim.x) {
     int64_t off[3];
     a.rows.offsets(row, off);
     const XS* x = static_cast<const XS*>(a.x) + off[0];
     YS* y = static_cast<YS*>(a.y) + off[1];
+    float kept[kKeptChunks][V];
     float ss = 0.f;
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < a.h; c += static_cast<int64_t>(blockDim.x) * V) {
+    int i = 0;
+    for (int64_t c = first; c < a.h; c += step, ++i) {
       float v[V];
       load_f32<XT, V, kVector>(x + c, v);
       if (a.r != nullptr) {  // the residual sum, rounded to x's dtype as ops::add stores it, is what the norm reads
         float r[V];
         load_f32<XT, V, kVector>(static_cast<const XS*>(a.r) + off[2] + c, r);
 #pragma unroll
-        for (int e = 0; e < V; ++e) v[e] += r[e];
+        for (int e = 0; e < V; ++e) v[e] = XT::load(XT::store(v[e] + r[e]));
         store_f32<XT, V, kVector>(const_cast<XS*>(x) + c, v);
-        load_f32<XT, V, kVector>(x + c, v);
       }
 #pragma unroll
       for (int e = 0; e < V; ++e) ss += v[e] * v[e];
+#pragma unroll
+      for (int k = 0; k < kKeptChunks; ++k)
+        if (k == i)
+#pragma unroll
+          for (int e = 0; e < V; ++e) kept[k][e] = v[e];
     }
     // Every thread has passed its reads of x before any thread writes y (block_sum syncs).
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / static_cast<float>(a.h) + a.eps);
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < a.h; c += static_cast<int64_t>(blockDim.x) * V) {
+    i = 0;
+    for (int64_t c = first; c < a.h; c += step, ++i) {
       float v[V], wv[V], out[V];
-      load_f32<XT, V, kVector>(x + c, v);
+      if (i < kKeptChunks) {
+#pragma unroll
+        for (int k = 0; k < kKeptChunks; ++k)
+          if (k == i)
+#pragma unroll
+            for (int e = 0; e < V; ++e) v[e] = kept[k][e];
+      } else {
+        load_f32<XT, V, kVector>(x + c, v);
+      }
       if constexpr (kVector) {
         load_f32<WT, V, true>(w + c, wv);
       } else {

@@ -12,9 +12,14 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/env_settings.h"
+#include "backends/cuda/graph_memset_nodes.h"
 
 namespace locus::cuda {
 namespace {
+
+// Captured memset nodes become kernel nodes (graph_memset_nodes.h); LOCUS_GRAPH_MEMSET_KERNELS=0
+// keeps them.
+detail::EnvToggle g_memset_kernels{"LOCUS_GRAPH_MEMSET_KERNELS", true};
 
 // A ring of events. An event may be re-recorded once its earlier record has been waited on:
 // cudaStreamWaitEvent binds to the record that precedes it, and during capture a record/wait
@@ -179,6 +184,7 @@ void Graph::end_capture(bool twin) {
   held_blocks_ = detail::capture_ended();
   LOCUS_CUDA_CHECK_NAMED(e, "ending the CUDA graph capture (a stream was not joined back, or an op broke capture)");
   graph_ = g;
+  if (g_memset_kernels.on()) detail::memset_nodes_to_kernels(g);
   cudaGraphExec_t ex = nullptr;
   LOCUS_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
   exec_ = ex;
