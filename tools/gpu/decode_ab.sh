@@ -3,7 +3,8 @@
 # decode speed end to end. The NVFP4 model at DeepSeek-V3's widths (as tools/gpu/e2e_floor.sh
 # makes it: LAYERS layers, EXPERTS routed experts) decodes with --cuda-graphs under each of the
 # given environment settings in turn, ROUNDS times (alternating, so that the device's drift falls
-# on every setting alike); each line of the table is one `locus generate`, decode tok/s.
+# on every setting alike); each line of the table is one `locus generate`, decode tok/s. A
+# setting's words that start with "--" are added to that run's flags (e.g. "--decode-lookahead").
 # usage: tools/gpu/decode_ab.sh [--layers L] [--experts E] [--tokens N] [--batches "1 2"] [--rounds R]
 #                               [--models DIR] [--flags "..."] -- "VAR=A" "VAR=B" ...   ("" is the default)
 set -uo pipefail
@@ -42,8 +43,11 @@ for batch in $batches; do
   set_prompts "$batch"
   for ((r = 1; r <= rounds; ++r)); do
     for setting in "$@"; do
-      out=$(timeout 300 env $setting "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
-              --max-new-tokens "$tokens" --ignore-eos --warmup --quiet $flags 2>&1 >/dev/null)
+      # A setting's words that start with "--" are flags of this run, the rest its environment.
+      envs=(); extra=()
+      for word in $setting; do [[ $word == --* ]] && extra+=("$word") || envs+=("$word"); done
+      out=$(timeout 300 env "${envs[@]}" "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
+              --max-new-tokens "$tokens" --ignore-eos --warmup --quiet $flags "${extra[@]}" 2>&1 >/dev/null)
       tps=$(sed -n -E 's/^locus: [0-9].*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<< "$out")
       [[ -n "$tps" ]] || { tps="FAILED"; rc=1; echo "$out" | tail -3 >&2; }
       echo "| $batch | ${setting:-default} | $r | $tps |"
