@@ -109,6 +109,28 @@ __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit&
   }
 }
 
+// The 4 heads' scores of one key whose words this lane holds (ka: k_a's words lane + 32 i, kb:
+// k_b's), summed over the warp in a fixed order: lane l gets head l / kLanesPerHead's.
+__device__ __forceinline__ float key_score(const float2 (&qa)[HB][kWordsA], const float2 (&qb)[HB][kWordsB],
+                                           const uint32_t (&ka)[kWordsA], const uint32_t (&kb)[kWordsB], int lane) {
+  float dot[HB];
+#pragma unroll
+  for (int h = 0; h < HB; ++h) dot[h] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kWordsA; ++i) {
+    const float2 k = unpack_bf16x2(ka[i]);
+#pragma unroll
+    for (int h = 0; h < HB; ++h) dot[h] = fmaf(qa[h][i].y, k.y, fmaf(qa[h][i].x, k.x, dot[h]));
+  }
+#pragma unroll
+  for (int i = 0; i < kWordsB; ++i) {
+    const float2 k = unpack_bf16x2(kb[i]);
+#pragma unroll
+    for (int h = 0; h < HB; ++h) dot[h] = fmaf(qb[h][i].y, k.y, fmaf(qb[h][i].x, k.x, dot[h]));
+  }
+  return warp_sum_spread<HB>(dot, lane);
+}
+
 // Stages the split's key rows [c0, c0 + m) (k_a's wa words, then k_b's wb) in shared memory, each
 // row rw = wa + wb words, all in flight at once: 16-byte copies where the rows allow, else 4-byte.
 __device__ void stage_keys(const AttnSeqOperands& so, int64_t key_lo, int c0, int m, int wa, int wb,
@@ -185,59 +207,34 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
 #pragma unroll 2
       for (int j = warp; j < m; j += kWarps) {
         const uint32_t* row = staged + j * rw;
-        float dot[HB];
+        uint32_t ka[kWordsA], kb[kWordsB];
 #pragma unroll
-        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
+        for (int i = 0; i < kWordsA; ++i) ka[i] = lane + 32 * i < wa ? row[lane + 32 * i] : 0u;
 #pragma unroll
-        for (int i = 0; i < kWordsA; ++i) {
-          const float2 k = unpack_bf16x2(lane + 32 * i < wa ? row[lane + 32 * i] : 0u);
-#pragma unroll
-          for (int h = 0; h < HB; ++h) dot[h] = fmaf(qa[h][i].y, k.y, fmaf(qa[h][i].x, k.x, dot[h]));
-        }
-#pragma unroll
-        for (int i = 0; i < kWordsB; ++i) {
-          const float2 k = unpack_bf16x2(lane + 32 * i < wb ? row[wa + lane + 32 * i] : 0u);
-#pragma unroll
-          for (int h = 0; h < HB; ++h) dot[h] = fmaf(qb[h][i].y, k.y, fmaf(qb[h][i].x, k.x, dot[h]));
-        }
-        const float sc = warp_sum_spread<HB>(dot, lane);
+        for (int i = 0; i < kWordsB; ++i) kb[i] = lane + 32 * i < wb ? row[wa + lane + 32 * i] : 0u;
+        const float sc = key_score(qa, qb, ka, kb, lane);
         if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][c0 + j] = sc * scale_log2;
       }
     }
   } else {
     for (int j0 = warp; j0 < n; j0 += kWarps * kKeysInFlight) {
       uint32_t ka[kKeysInFlight][kWordsA], kb[kKeysInFlight][kWordsB];
-  #pragma unroll
+#pragma unroll
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = j0 + u * kWarps;
         const int64_t key = key_lo + (j < n ? j : 0);
         const uint32_t* ra = words(so.k_a.ptr, key * so.k_a.row_stride);
         const uint32_t* rb = words(so.k_b.ptr, key * so.k_b.row_stride);
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < kWordsA; ++i) ka[u][i] = j < n && lane + 32 * i < wa ? ra[lane + 32 * i] : 0u;
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < kWordsB; ++i) kb[u][i] = j < n && lane + 32 * i < wb ? rb[lane + 32 * i] : 0u;
       }
-  #pragma unroll
+#pragma unroll
       for (int u = 0; u < kKeysInFlight; ++u) {
         const int j = j0 + u * kWarps;
         if (j >= n) break;  // the same for the whole warp
-        float dot[HB];
-  #pragma unroll
-        for (int h = 0; h < HB; ++h) dot[h] = 0.f;
-  #pragma unroll
-        for (int i = 0; i < kWordsA; ++i) {
-          const float2 k = unpack_bf16x2(ka[u][i]);
-  #pragma unroll
-          for (int h = 0; h < HB; ++h) dot[h] = fmaf(qa[h][i].y, k.y, fmaf(qa[h][i].x, k.x, dot[h]));
-        }
-  #pragma unroll
-        for (int i = 0; i < kWordsB; ++i) {
-          const float2 k = unpack_bf16x2(kb[u][i]);
-  #pragma unroll
-          for (int h = 0; h < HB; ++h) dot[h] = fmaf(qb[h][i].y, k.y, fmaf(qb[h][i].x, k.x, dot[h]));
-        }
-        const float s = warp_sum_spread<HB>(dot, lane);
+        const float s = key_score(qa, qb, ka[u], kb[u], lane);
         if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][j] = s * scale_log2;
       }
     }
