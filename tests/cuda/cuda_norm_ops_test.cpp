@@ -35,6 +35,9 @@ TEST(CudaRmsnorm, MatchesFp64AndCpuOverShapesAndDtypes) {
       {{64, 1536}, DType::kBF16, DType::kBF16, DType::kFP32},
       {{3, 7}, DType::kFP32, DType::kFP32, DType::kBF16},
       {{4096, 128}, DType::kBF16, DType::kBF16, DType::kBF16},
+      // Rows longer than the two chunks a thread keeps in registers: the vector and scalar paths.
+      {{3, 20000}, DType::kBF16, DType::kBF16, DType::kBF16},
+      {{2, 3001}, DType::kFP32, DType::kBF16, DType::kBF16},
   };
   for (const NormCase& c : cases) {
     const uint64_t seed = fresh_seed();
@@ -90,8 +93,10 @@ void expect_add_matches_cpu(const Tensor& a, const Tensor& b, DType out) {
 TEST(CudaAddRmsnorm, IsTheCudaAddThenRmsnormBitwiseAndNearTheCpu) {
   LOCUS_REQUIRE_GPU();
   // The decoder layer's residual sum and post-attention norm at DeepSeek's hidden size (the
-  // vector path), and odd fp32 rows; the fused kernel against CUDA's two ops and the CPU's.
-  for (auto [shape, dt] : {std::pair<Shape, DType>{{3, 7168}, DType::kBF16}, {{5, 129}, DType::kFP32}}) {
+  // vector path), odd fp32 rows, and rows longer than the two chunks a thread keeps in registers
+  // (vector and scalar); the fused kernel against CUDA's two ops and the CPU's.
+  for (auto [shape, dt] : {std::pair<Shape, DType>{{3, 7168}, DType::kBF16}, {{5, 129}, DType::kFP32},
+                           {{2, 20000}, DType::kBF16}, {{2, 3001}, DType::kBF16}}) {
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE(::testing::Message() << "seed " << seed << " " << dtype_name(dt));
     const int64_t h = shape.back();
