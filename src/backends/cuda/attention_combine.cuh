@@ -2,6 +2,8 @@
 // results (AttnSplit) into one output row, in split order. The combine kernel and the decode
 // kernel's last CTA of a head group (its fused combine) share these, so both give the same bits.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 namespace locus::cuda::detail {
@@ -23,13 +25,19 @@ __device__ __forceinline__ float attn_split_weights(const float* ml, int64_t str
   return 1.f / l;
 }
 
-// One output element of a row: sum_z w[z] o_z * inv_l, from split 0's partial sum `o` and the
-// floats `stride` from one split's to the next.
-__device__ __forceinline__ float attn_combined(const float* o, int64_t stride, int splits, const float* w,
-                                               float inv_l) {
-  float sum = 0.f;
-  for (int z = 0; z < splits; ++z) sum = fmaf(w[z], __ldcg(o + z * stride), sum);
-  return sum * inv_l;
+// One (token, head) row of the output, merged from its splits: out[off + d] = sum_z w[z] o_z[d] *
+// inv_l (fp32 or rounded to bf16), for d = tid, tid + threads, ... < Dv. `o` is split 0's partial
+// sums, `stride` the floats from one split's to the next.
+__device__ __forceinline__ void attn_write_combined_row(const float* o, int64_t stride, int splits, const float* w,
+                                                        float inv_l, void* out, bool out_f32, int64_t off, int Dv,
+                                                        int tid, int threads) {
+  for (int d = tid; d < Dv; d += threads) {
+    float sum = 0.f;
+    for (int z = 0; z < splits; ++z) sum = fmaf(w[z], __ldcg(o + d + z * stride), sum);
+    const float v = sum * inv_l;
+    if (out_f32) static_cast<float*>(out)[off + d] = v;
+    else static_cast<__nv_bfloat16*>(out)[off + d] = __float2bfloat16_rn(v);
+  }
 }
 
 }  // namespace locus::cuda::detail

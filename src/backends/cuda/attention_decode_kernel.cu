@@ -75,8 +75,8 @@ __device__ __forceinline__ const uint32_t* words(const void* base, int64_t eleme
 // CTA of its (sequence, head group) to finish merges every split of the group's heads into `out`
 // (the threadfence-reduction pattern: each CTA fences its writes before it counts itself in).
 // `weights` is shared memory for HB x kAttnMaxSplits floats (the scores, no longer needed).
-__device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit& sp, int h0,
-                                     float (*weights)[kAttnDecodeMaxSplitKeys]) {
+__device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit& sp, const AttnSeqOperands& so,
+                                     int h0, float (*weights)[kAttnDecodeMaxSplitKeys]) {
   static_assert(kAttnDecodeMaxSplitKeys >= kAttnMaxSplits, "a head's split weights live in its score row");
   __shared__ bool last;
   __shared__ float inv_l[HB];
@@ -96,17 +96,9 @@ __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit&
     inv_l[threadIdx.x] = attn_split_weights(sp.partial_ml + (first + threadIdx.x) * 2, TH * 2, sp.splits,
                                             weights[threadIdx.x]);
   __syncthreads();
-  // Token 0 of the sequence's output rows (its query, key and table reads are not needed here).
-  void* const out = static_cast<char*>(a.out) + static_cast<int64_t>(blockIdx.z) * a.T * a.out_row_stride * (a.out_f32 ? 4 : 2);
-  for (int h = 0; h < HB && h0 + h < a.H; ++h) {
-    const float* po = sp.partial_o + (first + h) * a.Dv;
-    const int64_t off = (h0 + h) * a.out_head_stride;
-    for (int d = threadIdx.x; d < a.Dv; d += kThreads) {
-      const float o = attn_combined(po + d, TH * a.Dv, sp.splits, weights[h], inv_l[h]);
-      if (a.out_f32) static_cast<float*>(out)[off + d] = o;
-      else static_cast<__nv_bfloat16*>(out)[off + d] = __float2bfloat16_rn(o);
-    }
-  }
+  for (int h = 0; h < HB && h0 + h < a.H; ++h)  // token 0 of the sequence's output rows
+    attn_write_combined_row(sp.partial_o + (first + h) * a.Dv, TH * a.Dv, sp.splits, weights[h], inv_l[h], so.out,
+                            a.out_f32, (h0 + h) * a.out_head_stride, a.Dv, threadIdx.x, kThreads);
 }
 
 // The 4 heads' scores of one key whose words this lane holds (ka: k_a's words lane + 32 i, kb:
@@ -318,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
     ml[0] = row_max[threadIdx.x];  // -inf with l = 0 where the split holds none of the keys
     ml[1] = row_sum[threadIdx.x];
   }
-  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, h0, scores);
+  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, so, h0, scores);
 }
 
 bool whole_words(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }

@@ -423,11 +423,8 @@ __global__ void __launch_bounds__(128) attn_combine_kernel(const __grid_constant
   __syncthreads();
   const int64_t t = row / a.H, h = row % a.H;
   const int64_t off = t * a.out_row_stride + h * a.out_head_stride;
-  for (int d = threadIdx.x; d < a.Dv; d += blockDim.x) {
-    const float o = attn_combined(po + d, TH * a.Dv, sp.splits, w_s, inv_l);
-    if (a.out_f32) static_cast<float*>(so.out)[off + d] = o;
-    else static_cast<__nv_bfloat16*>(so.out)[off + d] = __float2bfloat16_rn(o);
-  }
+  attn_write_combined_row(po, TH * a.Dv, sp.splits, w_s, inv_l, so.out, a.out_f32, off, a.Dv, threadIdx.x,
+                          blockDim.x);
 }
 
 const void* tc_kernel_for(int parts) {

@@ -212,18 +212,12 @@ bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_d
   return true;
 }
 
-// A setter's value: 1 on, 0 off, -1 the environment's (or the default).
-void set_toggle(detail::EnvToggle& toggle, int64_t on) {
-  if (on < 0) toggle.reset();
-  else toggle.set(on != 0);
-}
-
 }  // namespace
 
 void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.set(keys); }
 void set_attention_decode_split_keys(int64_t keys) { g_decode_split_keys.set(keys); }
-void set_attention_decode_fused_combine(int64_t on) { set_toggle(g_decode_fused_combine, on); }
-void set_attention_decode_staged(int64_t on) { set_toggle(g_decode_staged, on); }
+void set_attention_decode_fused_combine(int64_t on) { g_decode_fused_combine.set_or_reset(on); }
+void set_attention_decode_staged(int64_t on) { g_decode_staged.set_or_reset(on); }
 
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream) {

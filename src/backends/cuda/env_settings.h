@@ -33,7 +33,8 @@ class EnvToggle {
     return v == 1;
   }
   void set(bool on) { state_.store(on ? 1 : 0); }
-  void reset() { state_.store(-1); }  // back to the environment's value
+  // A setter's value as EnvCount::set takes it: 1 on, 0 off, negative back to the environment's.
+  void set_or_reset(int64_t on) { state_.store(on < 0 ? -1 : on != 0 ? 1 : 0); }
 
  private:
   const char* name_;
