@@ -9,7 +9,8 @@ namespace locus::cuda::detail {
 
 // Replaces every memset node at the top level of `graph` by a kernel node that writes the same
 // elements (1, 2 or 4 bytes each, rows of `width` elements `pitch` bytes apart), with the memset
-// node's dependencies and dependents and their edge data. Returns how many it replaced.
+// node's dependencies and dependents and their edge data. Returns how many it replaced. A node
+// the driver will not let us replace stays a memset (a warning names the call that failed, once).
 int memset_nodes_to_kernels(cudaGraph_t graph);
 
 }  // namespace locus::cuda::detail

@@ -144,7 +144,8 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, c
     // capture of it will say what broke).
     if (log_choices()) std::fprintf(stderr, "locus: path choice timed eagerly (capture failed: %s)\n", e.what());
     replays.clear();
-    graphs.clear();  // ends the capture that broke
+    graphs.clear();    // ends the capture that broke
+    cudaGetLastError();  // the call that broke it must not fail the next launch's check
     return time_eagerly_ms(paths, stream);
   }
   const std::vector<float> ms = time_rounds_ms(replays, stream, 8, nullptr);

@@ -159,9 +159,10 @@ Graph& Graph::operator=(Graph&& o) noexcept {
 }
 
 void Graph::reset() {
-  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-  if (twin_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(twin_));
-  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  // Teardown errors are dropped, so that the next launch's check does not report them as its own.
+  if (exec_ && cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_)) != cudaSuccess) cudaGetLastError();
+  if (twin_ && cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(twin_)) != cudaSuccess) cudaGetLastError();
+  if (graph_ && cudaGraphDestroy(static_cast<cudaGraph_t>(graph_)) != cudaSuccess) cudaGetLastError();
   exec_ = twin_ = graph_ = nullptr;
   twin_next_ = false;
   detail::release_capture_blocks(held_blocks_);
