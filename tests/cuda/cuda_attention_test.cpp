@@ -149,20 +149,14 @@ TEST(CudaAttention, DecodeKernelAtEverySplitLength) {
   LOCUS_REQUIRE_GPU();
   // Splits of one key each, of an odd length (fewer keys than the CTA's 8 warps, a last split
   // cut short), the default's and the kernel's longest, over DeepSeek-V3's latent.
-  // Each with the keys loaded by the warps and staged in shared memory (splits of 512 keys are
-  // staged 128 at a time).
   DecodeAttentionKeys kernel(kDecodeKernelAttention);
-  for (int64_t staged : {0, 1}) {
-    DecodeAttentionStaged staging(staged);
-    for (int64_t split_keys : {1, 7, 32, 512}) {
-      DecodeAttentionSplitKeys split(split_keys);
-      for (int64_t S : {5, 61, 300, 1100}) {
-        const uint64_t seed = fresh_seed();
-        SCOPED_TRACE(::testing::Message() << "seed " << seed << " staged " << staged << " split keys " << split_keys
-                                          << " S " << S);
-        const AttnInputs in = decode_inputs(1, 128, S, 512, 64, seed);
-        expect_matches(in, DType::kBF16, S - 1, default_scale(in));
-      }
+  for (int64_t split_keys : {1, 7, 32, 512}) {
+    DecodeAttentionSplitKeys split(split_keys);
+    for (int64_t S : {5, 61, 300, 1100}) {
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE(::testing::Message() << "seed " << seed << " split keys " << split_keys << " S " << S);
+      const AttnInputs in = decode_inputs(1, 128, S, 512, 64, seed);
+      expect_matches(in, DType::kBF16, S - 1, default_scale(in));
     }
   }
 }
@@ -346,32 +340,6 @@ TEST(CudaAttention, BatchedDecodeOnEachKernel) {
     b.expect_matches(b.run());
     const BatchDecode tiny(16, 64, 16, {2, 40, 7}, seed + 1);
     tiny.expect_matches(tiny.run());
-  }
-}
-
-TEST(CudaAttention, DecodeKernelStagingItsKeysGivesTheSameBits) {
-  LOCUS_REQUIRE_GPU();
-  // Staged keys are multiplied in the same order as loaded ones: one chunk (values from the
-  // staged rows), several chunks (values from global memory), odd dims (4-byte copies: Da 200),
-  // a batch with a one-key sequence.
-  DecodeAttentionKeys kernel(kDecodeKernelAttention);
-  struct Case { int64_t H, Dc, Dr, split_keys; std::vector<int64_t> keys; };
-  for (const Case& c : {Case{128, 512, 64, 64, {1, 300, 70, 33, 5}}, Case{128, 512, 64, 512, {900, 129}},
-                        Case{5, 200, 24, 32, {130, 7}}, Case{16, 64, 16, 7, {77}}}) {
-    DecodeAttentionSplitKeys split(c.split_keys);
-    const uint64_t seed = fresh_seed();
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " H " << c.H << " Dc " << c.Dc << " split keys "
-                                      << c.split_keys);
-    const BatchDecode b(c.H, c.Dc, c.Dr, c.keys, seed);
-    Tensor loaded;
-    {
-      DecodeAttentionStaged staging(0);
-      loaded = b.run();
-    }
-    DecodeAttentionStaged staging(1);
-    const Tensor staged = b.run();
-    EXPECT_TRUE(bitwise_equal(staged, loaded));
-    b.expect_matches(staged);
   }
 }
 

@@ -41,8 +41,6 @@ using DecodeAttentionKeys = ScopedAttentionSetting<cuda::set_attention_decode_ma
 using DecodeAttentionSplitKeys = ScopedAttentionSetting<cuda::set_attention_decode_split_keys>;
 // The decode kernel's splits merged by its own last CTAs (1) or by the combine kernel (0).
 using DecodeAttentionFusedCombine = ScopedAttentionSetting<cuda::set_attention_decode_fused_combine>;
-// The decode kernel's keys staged in shared memory (1) or loaded by each warp (0).
-using DecodeAttentionStaged = ScopedAttentionSetting<cuda::set_attention_decode_staged>;
 // Both kernels of decode attention, for tests that run each: the tensor-core one, then the
 // decode kernel at any key count (its key splits included).
 constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;

@@ -22,7 +22,6 @@
 #include "backends/cuda/attention_combine.cuh"
 #include "backends/cuda/attention_kernels.h"
 #include "backends/cuda/attention_seq.cuh"
-#include "backends/cuda/cp_async.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/small_ops_launch.cuh"
 
@@ -123,36 +122,7 @@ __device__ __forceinline__ float key_score(const float2 (&qa)[HB][kWordsA], cons
   return warp_sum_spread<HB>(dot, lane);
 }
 
-// Stages the split's key rows [c0, c0 + m) (k_a's wa words, then k_b's wb) in shared memory, each
-// row rw = wa + wb words, all in flight at once: 16-byte copies where the rows allow, else 4-byte.
-__device__ void stage_keys(const AttnSeqOperands& so, int64_t key_lo, int c0, int m, int wa, int wb,
-                           uint32_t* staged) {
-  const int rw = wa + wb;
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(staged));
-  const bool wide = reinterpret_cast<uintptr_t>(so.k_a.ptr) % 16 == 0 && reinterpret_cast<uintptr_t>(so.k_b.ptr) % 16 == 0 &&
-                    wa % 4 == 0 && wb % 4 == 0 && so.k_a.row_stride % 8 == 0 && so.k_b.row_stride % 8 == 0;
-  const int unit = wide ? 4 : 1;  // words per copy
-  const int per_row = rw / unit, per_row_a = wa / unit;
-  for (int p = threadIdx.x; p < m * per_row; p += kThreads) {
-    const int j = p / per_row, q = p % per_row;
-    const int64_t key = key_lo + c0 + j;
-    const uint32_t* src = q < per_row_a ? words(so.k_a.ptr, key * so.k_a.row_stride) + q * unit
-                                        : words(so.k_b.ptr, key * so.k_b.row_stride) + (q - per_row_a) * unit;
-    const uint32_t dst = base + static_cast<uint32_t>((j * rw + q * unit) * 4);
-    if (wide) cp_async16(dst, src);
-    else cp_async4(dst, src);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();
-}
-
-// kStaged: the split's keys are first copied to shared memory (stage_keys, sp.staged_keys rows
-// at a time), so that their loads are in flight together instead of kKeysInFlight rows a warp
-// at a time; with one chunk the values are read from there too.
-template <bool kStaged>
-__global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_constant__ MlaAttentionArgs a,
-                                                                   AttnSplit sp) {
+__global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_constant__ MlaAttentionArgs a, AttnSplit sp) {
   small_op_start();
   __shared__ float scores[HB][kAttnDecodeMaxSplitKeys];
   __shared__ __align__(16) float probs[kAttnDecodeMaxSplitKeys][HB];
@@ -189,46 +159,25 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
       qb[h][i] = head && w < wb ? unpack_bf16x2(rb[w]) : make_float2(0.f, 0.f);
     }
   }
-  extern __shared__ __align__(16) uint32_t staged[];  // kStaged: [sp.staged_keys][wa + wb]
-  if constexpr (kStaged) {
-    const int rw = wa + wb;
-    for (int c0 = 0; c0 < n; c0 += sp.staged_keys) {
-      const int m = n - c0 < sp.staged_keys ? n - c0 : sp.staged_keys;
-      if (c0 > 0) __syncthreads();  // every warp is done with the last chunk's rows
-      stage_keys(so, key_lo, c0, m, wa, wb, staged);
-#pragma unroll 2
-      for (int j = warp; j < m; j += kWarps) {
-        const uint32_t* row = staged + j * rw;
-        uint32_t ka[kWordsA], kb[kWordsB];
+  for (int j0 = warp; j0 < n; j0 += kWarps * kKeysInFlight) {
+    uint32_t ka[kKeysInFlight][kWordsA], kb[kKeysInFlight][kWordsB];
 #pragma unroll
-        for (int i = 0; i < kWordsA; ++i) ka[i] = lane + 32 * i < wa ? row[lane + 32 * i] : 0u;
+    for (int u = 0; u < kKeysInFlight; ++u) {
+      const int j = j0 + u * kWarps;
+      const int64_t key = key_lo + (j < n ? j : 0);
+      const uint32_t* ra = words(so.k_a.ptr, key * so.k_a.row_stride);
+      const uint32_t* rb = words(so.k_b.ptr, key * so.k_b.row_stride);
 #pragma unroll
-        for (int i = 0; i < kWordsB; ++i) kb[i] = lane + 32 * i < wb ? row[wa + lane + 32 * i] : 0u;
-        const float sc = key_score(qa, qb, ka, kb, lane);
-        if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][c0 + j] = sc * scale_log2;
-      }
+      for (int i = 0; i < kWordsA; ++i) ka[u][i] = j < n && lane + 32 * i < wa ? ra[lane + 32 * i] : 0u;
+#pragma unroll
+      for (int i = 0; i < kWordsB; ++i) kb[u][i] = j < n && lane + 32 * i < wb ? rb[lane + 32 * i] : 0u;
     }
-  } else {
-    for (int j0 = warp; j0 < n; j0 += kWarps * kKeysInFlight) {
-      uint32_t ka[kKeysInFlight][kWordsA], kb[kKeysInFlight][kWordsB];
 #pragma unroll
-      for (int u = 0; u < kKeysInFlight; ++u) {
-        const int j = j0 + u * kWarps;
-        const int64_t key = key_lo + (j < n ? j : 0);
-        const uint32_t* ra = words(so.k_a.ptr, key * so.k_a.row_stride);
-        const uint32_t* rb = words(so.k_b.ptr, key * so.k_b.row_stride);
-#pragma unroll
-        for (int i = 0; i < kWordsA; ++i) ka[u][i] = j < n && lane + 32 * i < wa ? ra[lane + 32 * i] : 0u;
-#pragma unroll
-        for (int i = 0; i < kWordsB; ++i) kb[u][i] = j < n && lane + 32 * i < wb ? rb[lane + 32 * i] : 0u;
-      }
-#pragma unroll
-      for (int u = 0; u < kKeysInFlight; ++u) {
-        const int j = j0 + u * kWarps;
-        if (j >= n) break;  // the same for the whole warp
-        const float s = key_score(qa, qb, ka[u], kb[u], lane);
-        if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][j] = s * scale_log2;
-      }
+    for (int u = 0; u < kKeysInFlight; ++u) {
+      const int j = j0 + u * kWarps;
+      if (j >= n) break;  // the same for the whole warp
+      const float s = key_score(qa, qb, ka[u], kb[u], lane);
+      if (lane % kLanesPerHead == 0) scores[lane / kLanesPerHead][j] = s * scale_log2;
     }
   }
   __syncthreads();
@@ -261,11 +210,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
     float2 acc[HB];
 #pragma unroll
     for (int h = 0; h < HB; ++h) acc[h] = make_float2(0.f, 0.f);
-    // The staged rows hold the values too where v is k_a and the split was one chunk.
-    const bool from_stage = kStaged && n <= sp.staged_keys && so.v.ptr == so.k_a.ptr &&
-                            so.v.row_stride == so.k_a.row_stride;
-    const uint32_t* col = from_stage ? staged + w : words(so.v.ptr, key_lo * so.v.row_stride) + w;
-    const int64_t v_row_words = from_stage ? wa + wb : so.v.row_stride / 2;
+    const uint32_t* col = words(so.v.ptr, key_lo * so.v.row_stride) + w;
+    const int64_t v_row_words = so.v.row_stride / 2;
     int j = 0;
     for (; j + kValueUnroll <= n; j += kValueUnroll) {
       uint32_t vw[kValueUnroll];
@@ -340,10 +286,6 @@ bool attn_decode_applies(const MlaAttentionArgs& a) {
   return true;
 }
 
-int attn_decode_staged_smem_bytes(const MlaAttentionArgs& a, int staged_keys) {
-  return staged_keys * (a.Da / 2 + a.Db / 2) * 4;
-}
-
 void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream) {
   const int64_t groups = (a.H + HB - 1) / HB;
   LOCUS_CHECK(split.splits >= 1 && split.splits <= kAttnMaxSplits && split.split_keys >= 1 &&
@@ -352,15 +294,7 @@ void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaS
               " keys do not fit the kernel");
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(split.splits),
                   static_cast<unsigned>(a.num_seqs > 0 ? a.num_seqs : 1));
-  if (split.staged_keys > 0) {
-    const int smem = attn_decode_staged_smem_bytes(a, split.staged_keys);
-    raise_dynamic_smem_limit(reinterpret_cast<const void*>(&attn_decode_kernel<true>), smem);
-    launch_small_op(attn_decode_kernel<true>, grid, kThreads, smem, stream, "MLA decode attention kernel launch", a,
-                    split);
-  } else {
-    launch_small_op(attn_decode_kernel<false>, grid, kThreads, 0, stream, "MLA decode attention kernel launch", a,
-                    split);
-  }
+  launch_small_op(attn_decode_kernel, grid, kThreads, 0, stream, "MLA decode attention kernel launch", a, split);
 }
 
 }  // namespace locus::cuda::detail

@@ -87,9 +87,6 @@ struct AttnSplit {
   // last CTA of a head group to finish merges its splits (launch_attn_combine's result, bit for
   // bit) and sets its counter back to zero; without them launch_attn_combine must follow.
   unsigned* counters = nullptr;
-  // The decode kernel only: > 0 stages this many key rows of a split at a time in shared memory
-  // (attn_decode_staged_smem_bytes) before scoring them; 0 reads them from global memory.
-  int staged_keys = 0;
 };
 void launch_attn_tc(const MlaAttentionArgs& a, const AttnSplit& split, int smem_bytes, cudaStream_t stream);
 void launch_attn_combine(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
@@ -115,11 +112,6 @@ bool attn_decode_applies(const MlaAttentionArgs& a);
 // kernel's, split z of a sequence of S keys covers keys [z * ceil(S / splits), ...): its own keys
 // spread evenly over the splits, whatever bound the plan was made for.
 void launch_attn_decode(const MlaAttentionArgs& a, const AttnSplit& split, cudaStream_t stream);
-// Dynamic shared memory of the decode kernel staging `staged_keys` key rows (k_a's and k_b's
-// columns); its static shared memory (scores, probabilities) is kAttnDecodeStaticSmem more.
-int attn_decode_staged_smem_bytes(const MlaAttentionArgs& a, int staged_keys);
-constexpr int kAttnDecodeStaticSmem = 17 * 1024;
-constexpr int kAttnDecodeStageKeys = 128;  // key rows staged at a time, at most
 
 // ---- CUDA-core kernel: any dtypes and dims, one warp per (token, head) ----
 

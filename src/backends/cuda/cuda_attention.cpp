@@ -32,9 +32,6 @@ detail::EnvCount g_decode_split_keys{"LOCUS_ATTN_DECODE_SPLIT_KEYS", 64};
 // The decode kernel merges its key splits in its last CTA of each head group, not in a second
 // launch (set_attention_decode_fused_combine).
 detail::EnvToggle g_decode_fused_combine{"LOCUS_ATTN_DECODE_FUSED_COMBINE", true};
-// The decode kernel stages a split's keys in shared memory before scoring them
-// (set_attention_decode_staged; off by default until measured).
-detail::EnvToggle g_decode_staged{"LOCUS_ATTN_DECODE_STAGED", false};
 
 detail::AttnOperand operand(const Tensor& t) {
   // A one-head operand is shared by every query head: head stride 0.
@@ -147,16 +144,6 @@ detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t 
   return sp;
 }
 
-// Key rows the decode kernel stages in shared memory at a time for splits of `split_keys` keys:
-// what fits beside its static shared memory, at most kAttnDecodeStageKeys; 0 (no staging) where
-// fewer than 8 rows fit.
-int decode_staged_keys(const detail::MlaAttentionArgs& a, int64_t split_keys, int device) {
-  const int row_bytes = detail::attn_decode_staged_smem_bytes(a, 1);
-  const int room = device_attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin) - detail::kAttnDecodeStaticSmem;
-  const int64_t rows = std::min<int64_t>({split_keys, detail::kAttnDecodeStageKeys, row_bytes > 0 ? room / row_bytes : 0});
-  return rows >= 8 ? static_cast<int>(rows) : 0;
-}
-
 // Whether decode over `keys` keys at most for each of `seqs` sequences (`ctas` CTAs a key split, on
 // `sms` SMs) takes the decode kernel: at short contexts it is latency that counts, and the
 // tensor-core kernel's 64-row CTAs take longer (cuda_attention_bench, H100: at 1, 2, 4 and 8
@@ -176,10 +163,8 @@ void run(detail::MlaAttentionArgs& a, int64_t keys, int tc_smem, cudaStream_t s,
   if (decode_kernel_fits(keys, std::max(a.num_seqs, 1), decode_ctas_per_split(a), stream_sms(s, device)) &&
       splits_fit && detail::attn_decode_applies(a)) {
     const size_t counters = g_decode_fused_combine.on() ? static_cast<size_t>(decode_ctas_per_split(a)) : 0;
-    detail::AttnSplit sp = plan_decode_splits(a, keys, s, device);
-    if (g_decode_staged.on()) sp.staged_keys = decode_staged_keys(a, sp.split_keys, device);
     return run_splits(
-        a, sp, s,
+        a, plan_decode_splits(a, keys, s, device), s,
         [&](const detail::AttnSplit& sp) { detail::launch_attn_decode(a, sp, s); }, counters);
   }
   run_splits(a, plan_splits(a, keys, s, device), s,
@@ -217,7 +202,6 @@ bool same_key_layout(const std::vector<ops::AttentionKeys>& keys, int64_t* k_b_d
 void set_attention_decode_max_keys(int64_t keys) { g_decode_max_keys.set(keys); }
 void set_attention_decode_split_keys(int64_t keys) { g_decode_split_keys.set(keys); }
 void set_attention_decode_fused_combine(int64_t on) { g_decode_fused_combine.set_or_reset(on); }
-void set_attention_decode_staged(int64_t on) { g_decode_staged.set_or_reset(on); }
 
 void mla_attention(const Tensor& q_a, const Tensor& q_b, const Tensor& k_a, const Tensor& k_b, const Tensor& v,
                    const Tensor& out, float scale, int64_t q_start, void* stream) {

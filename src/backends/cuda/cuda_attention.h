@@ -35,9 +35,5 @@ void set_attention_decode_split_keys(int64_t keys);
 // default), 0: in a second launch, the combine kernel; -1 restores the default (on, or
 // LOCUS_ATTN_DECODE_FUSED_COMBINE). Both give the same bits. For tests and benchmarks.
 void set_attention_decode_fused_combine(int64_t on);
-// 1: the decode kernel copies each key split's rows to shared memory (all in flight at once)
-// before scoring them; 0: it loads them a few rows a warp at a time (the default); -1 restores
-// the default (LOCUS_ATTN_DECODE_STAGED). For tests and benchmarks.
-void set_attention_decode_staged(int64_t on);
 
 }  // namespace locus::cuda
