@@ -108,16 +108,17 @@ void run_splits(detail::MlaAttentionArgs& a, detail::AttnSplit sp, cudaStream_t 
                 size_t fused_combine_counters = 0) {
   if (sp.splits == 1) return launch(sp);
   // [sequences][splits][T*H] slots of Dv partial sums, then of (max, sum).
+  // The stream's own attention scratch (stream_scratch.h): no graph memory nodes.
   const size_t partial_floats =
       static_cast<size_t>(std::max(a.num_seqs, 1)) * static_cast<size_t>(sp.splits) * static_cast<size_t>(a.T * a.H);
-  float* scratch = static_cast<float*>(
-      detail::scratch_alloc(partial_floats * (static_cast<size_t>(a.Dv) + 2) * sizeof(float), s));
-  sp.partial_o = scratch;
-  sp.partial_ml = scratch + partial_floats * static_cast<size_t>(a.Dv);
-  if (fused_combine_counters > 0) sp.counters = detail::stream_scratch(s, fused_combine_counters, 0).counters;
+  const size_t floats = partial_floats * (static_cast<size_t>(a.Dv) + 2);
+  const detail::StreamScratch scratch =
+      detail::stream_scratch(s, fused_combine_counters, (floats + 3) / 4, detail::ScratchUser::kAttention);
+  sp.partial_o = reinterpret_cast<float*>(scratch.partials);
+  sp.partial_ml = sp.partial_o + partial_floats * static_cast<size_t>(a.Dv);
+  if (fused_combine_counters > 0) sp.counters = scratch.counters;
   launch(sp);
   if (sp.counters == nullptr) detail::launch_attn_combine(a, sp, s);
-  detail::scratch_free(scratch, s);
 }
 
 // The SMs a launch on `stream` can use: its partition's, or the device's.

@@ -23,7 +23,8 @@ class Graph {
   // Ends the capture and instantiates the graph (throws with the reason when capture broke);
   // with twin = true twice, and replays take the two executables in turn: a launch of an
   // executable graph is ordered behind its previous launch, so where the host queues a replay
-  // while the last one still runs (decode lookahead), the twin need not wait for it.
+  // while the last one still runs (decode lookahead), the twin need not wait for it. A graph with
+  // memory nodes (stream-ordered allocations) gets one executable: the driver allows no more.
   void end_capture(bool twin = false);
   // Replays the graph on `stream` (asynchronous).
   void replay(void* stream) const;

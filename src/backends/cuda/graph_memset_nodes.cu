@@ -111,7 +111,17 @@ std::string edge_types(const Edges& e) {
 
 }  // namespace
 
+bool has_memory_nodes(cudaGraph_t graph) {
+  for (cudaGraphNode_t node : graph_nodes(graph)) {
+    cudaGraphNodeType type{};
+    LOCUS_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    if (type == cudaGraphNodeTypeMemAlloc || type == cudaGraphNodeTypeMemFree) return true;
+  }
+  return false;
+}
+
 int memset_nodes_to_kernels(cudaGraph_t graph) {
+  if (has_memory_nodes(graph)) return 0;
   int replaced = 0;
   for (cudaGraphNode_t node : graph_nodes(graph)) {
     cudaGraphNodeType type{};

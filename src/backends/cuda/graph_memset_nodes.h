@@ -11,6 +11,12 @@ namespace locus::cuda::detail {
 // elements (1, 2 or 4 bytes each, rows of `width` elements `pitch` bytes apart), with the memset
 // node's dependencies and dependents and their edge data. Returns how many it replaced. A node
 // the driver will not let us replace stays a memset (a warning names the call that failed, once).
+// A graph with memory (allocation or free) nodes keeps its memsets: the driver removes no node
+// from such a graph.
 int memset_nodes_to_kernels(cudaGraph_t graph);
+
+// Whether `graph` has memory nodes at its top level (then it may also be instantiated only once
+// at a time).
+bool has_memory_nodes(cudaGraph_t graph);
 
 }  // namespace locus::cuda::detail

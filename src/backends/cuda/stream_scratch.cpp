@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <utility>
+#include <tuple>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/persistent_alloc.h"
@@ -12,22 +12,22 @@
 
 namespace locus::cuda::detail {
 
-StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials) {
+StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials, ScratchUser user) {
   static std::mutex mu;
-  static auto* all = new std::map<std::pair<int, cudaStream_t>, StreamScratch>();
+  static auto* all = new std::map<std::tuple<int, cudaStream_t, ScratchUser>, StreamScratch>();
   std::lock_guard<std::mutex> lock(mu);
   int dev = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  StreamScratch& s = (*all)[{dev, stream}];
+  StreamScratch& s = (*all)[{dev, stream, user}];
   if (s.partial_cap < partials) {
     const size_t cap = std::max(partials, 2 * s.partial_cap);
     // Partials are written before they are read; they need no initialization (zeroed anyway).
-    s.partials = static_cast<float4*>(persistent_device_alloc(cap * sizeof(float4), nullptr, "allocating the weight kernels' partials"));
+    s.partials = static_cast<float4*>(persistent_device_alloc(cap * sizeof(float4), nullptr, "allocating per-stream partials"));
     s.partial_cap = cap;
   }
   if (s.counter_cap < counters) {
     const size_t cap = std::max(counters, 2 * s.counter_cap);
-    s.counters = static_cast<unsigned*>(persistent_device_alloc(cap * sizeof(unsigned), nullptr, "allocating the weight kernels' counters"));
+    s.counters = static_cast<unsigned*>(persistent_device_alloc(cap * sizeof(unsigned), nullptr, "allocating per-stream counters"));
     s.counter_cap = cap;
   }
   return s;

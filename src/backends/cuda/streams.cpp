@@ -2,6 +2,7 @@
 // never green-context events, which break stream capture), and CUDA graph helpers.
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ namespace {
 // Captured memset nodes become kernel nodes (graph_memset_nodes.h); LOCUS_GRAPH_MEMSET_KERNELS=0
 // keeps them.
 detail::EnvToggle g_memset_kernels{"LOCUS_GRAPH_MEMSET_KERNELS", true};
+// LOCUS_GRAPH_LOG=1: a line per captured graph (its nodes, what end_capture did to it).
+detail::EnvToggle g_graph_log{"LOCUS_GRAPH_LOG", false};
 
 // A ring of events. An event may be re-recorded once its earlier record has been waited on:
 // cudaStreamWaitEvent binds to the record that precedes it, and during capture a record/wait
@@ -185,11 +188,19 @@ void Graph::end_capture(bool twin) {
   held_blocks_ = detail::capture_ended();
   LOCUS_CUDA_CHECK_NAMED(e, "ending the CUDA graph capture (a stream was not joined back, or an op broke capture)");
   graph_ = g;
-  if (g_memset_kernels.on()) detail::memset_nodes_to_kernels(g);
+  const int memsets = g_memset_kernels.on() ? detail::memset_nodes_to_kernels(g) : 0;
   cudaGraphExec_t ex = nullptr;
   LOCUS_CUDA_CHECK(cudaGraphInstantiate(&ex, g, 0));
   exec_ = ex;
-  if (twin) {
+  // A graph with memory nodes may be instantiated only once at a time: it replays from one.
+  const bool memory_nodes = detail::has_memory_nodes(g);
+  if (g_graph_log.on()) {
+    size_t nodes = 0;
+    cudaGraphGetNodes(g, nullptr, &nodes);
+    std::fprintf(stderr, "locus: graph captured: %zu nodes, %d memsets as kernels, memory nodes %s, %s\n", nodes,
+                 memsets, memory_nodes ? "yes" : "no", twin && !memory_nodes ? "two executables" : "one executable");
+  }
+  if (twin && !memory_nodes) {
     cudaGraphExec_t second = nullptr;
     LOCUS_CUDA_CHECK(cudaGraphInstantiate(&second, g, 0));
     twin_ = second;
