@@ -1,6 +1,6 @@
 // Memset nodes of captured graphs as kernel nodes (graph_memset_nodes.h): the same bytes, in the
 // same order with the nodes around them, for 1-, 2- and 4-byte elements and pitched rows; and
-// cuda::Graph applies it to what it captures.
+// cuda::Graph applies it to what it captures, except to a graph with memory nodes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -117,6 +117,35 @@ TEST(CudaGraphMemsetNodes, ACapturedMemsetStillRunsBeforeTheKernelThatReadsIt) {
     cuda::device_synchronize(0);
     graph.replay(raw);
     EXPECT_TRUE(bitwise_equal(fetch(y), fetch(r))) << "replay " << replay;
+  }
+  cudaStreamDestroy(raw);
+}
+
+TEST(CudaGraphMemsetNodes, AGraphWithMemoryNodesKeepsItsMemsetAndReplaysFromOneExecutable) {
+  LOCUS_REQUIRE_GPU();
+  // A stream-ordered allocation inside the capture makes memory nodes: the driver removes no node
+  // from such a graph and instantiates it once at a time, so end_capture (asked for twins) must
+  // leave the memset and make one executable, and the replays still give x + 0 = x.
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed);
+  const Tensor x = to_gpu(randn({2, 257}, DType::kFP32, seed));
+  Tensor y = poisoned_gpu({2, 257}, DType::kFP32);
+  cudaStream_t raw = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
+  cuda::Graph graph;
+  graph.begin_capture(raw);
+  void* zeros = nullptr;
+  ASSERT_EQ(cudaMallocAsync(&zeros, x.nbytes(), raw), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(zeros, 0, x.nbytes(), raw), cudaSuccess);
+  ops::add(x, Tensor::from_blob(zeros, {2, 257}, DType::kFP32, Device::cuda(0)), y, Stream{Device::cuda(0), raw});
+  ASSERT_EQ(cudaFreeAsync(zeros, raw), cudaSuccess);
+  graph.end_capture(/*twin=*/true);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "end_capture left an error for the next launch";
+  for (int replay = 0; replay < 3; ++replay) {
+    y.fill_nan_();
+    cuda::device_synchronize(0);
+    graph.replay(raw);
+    EXPECT_TRUE(bitwise_equal(fetch(y), fetch(x))) << "replay " << replay;
   }
   cudaStreamDestroy(raw);
 }
