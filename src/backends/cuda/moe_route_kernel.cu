@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "backends/cuda/cuda_moe_ops.h"
+#include "backends/cuda/moe_route_order.h"
 #include "backends/cuda/small_ops_launch.cuh"
 
 namespace locus::cuda {
@@ -35,25 +36,13 @@ struct MoeRouteArgs {
   float routed_scaling_factor;
 };
 
-// a ranks before b in the CPU's top_indices order.
-__device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
-  const bool na = isnan(va), nb = isnan(vb);
-  if (na != nb) return nb;
-  if (!na && va != vb) return va > vb;
-  return ia < ib;
-}
-
-// The best (value, index) over the warp; every lane receives it. Lanes without a candidate pass
-// (NaN, INT_MAX), which every real candidate outranks.
-__device__ __forceinline__ void warp_best(float& v, int& i) {
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(kFull, v, off);
-    const int oi = __shfl_xor_sync(kFull, i, off);
-    if (ranks_before(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
+// The best (by ranks_before) of the lanes' (v, i); every lane receives its index. Lanes without
+// a candidate pass (NaN, INT_MAX), which every real candidate outranks. The best key first, then
+// the lowest index among the lanes holding it (redux.sync: one instruction each).
+__device__ __forceinline__ int warp_best_index(float v, int i) {
+  const unsigned key = route_order_key(v);
+  const unsigned best = __reduce_max_sync(kFull, key);
+  return static_cast<int>(__reduce_min_sync(kFull, key == best ? static_cast<unsigned>(i) : UINT_MAX));
 }
 
 // Scores s (for the weights) and selection scores sel of one token into shared memory.
@@ -110,12 +99,8 @@ __device__ void limit_groups(const MoeRouteArgs& a, float* sel, int lane) {
     index = lane;
   }
   bool kept = false;
-  for (int k = 0; k < a.topk_group; ++k) {
-    float v = kept ? NAN : score;
-    int i = kept ? INT_MAX : index;
-    warp_best(v, i);
-    if (i == lane) kept = true;
-  }
+  for (int k = 0; k < a.topk_group; ++k)
+    if (warp_best_index(kept ? NAN : score, kept ? INT_MAX : index) == lane) kept = true;
   const unsigned kept_groups = __ballot_sync(kFull, kept);
   __syncwarp();
   for (int e = lane; e < a.experts; e += 32)
@@ -147,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteArgs a) 
           v = sel[e];
           best = e;
         }
-      warp_best(v, best);
+      best = warp_best_index(v, best);
       if (best % 32 == lane) taken |= 1u << (best / 32);
       if (lane == 0) chosen[warp][j] = best;
     }
