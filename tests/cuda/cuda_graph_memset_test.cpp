@@ -37,8 +37,9 @@ int memset_nodes(cudaGraph_t g) {
   return count;
 }
 
-TEST(CudaGraphMemsetNodes, BecomeKernelsThatWriteTheSameBytesInOrder) {
-  LOCUS_REQUIRE_GPU();
+class CudaGraphMemsetNodes : public CudaCallerStream {};
+
+TEST_F(CudaGraphMemsetNodes, BecomeKernelsThatWriteTheSameBytesInOrder) {
   constexpr size_t kBytes = 4096;
   void* raw = nullptr;
   ASSERT_EQ(cudaMalloc(&raw, kBytes), cudaSuccess);
@@ -96,33 +97,28 @@ TEST(CudaGraphMemsetNodes, BecomeKernelsThatWriteTheSameBytesInOrder) {
   cudaFree(buf);
 }
 
-TEST(CudaGraphMemsetNodes, ACapturedMemsetStillRunsBeforeTheKernelThatReadsIt) {
-  LOCUS_REQUIRE_GPU();
+TEST_F(CudaGraphMemsetNodes, ACapturedMemsetStillRunsBeforeTheKernelThatReadsIt) {
   // x is zeroed by a memset inside the capture, then y = x + r; poisoned x before each replay
   // would show through if the add ran first.
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
   const Tensor r = to_gpu(randn({3, 300}, DType::kFP32, seed));
   Tensor x = poisoned_gpu({3, 300}, DType::kFP32), y = poisoned_gpu({3, 300}, DType::kFP32);
-  cudaStream_t raw = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
   cuda::Graph graph;
-  graph.begin_capture(raw);
-  ASSERT_EQ(cudaMemsetAsync(x.data_ptr(), 0, x.nbytes(), raw), cudaSuccess);
-  ops::add(x, r, y, Stream{Device::cuda(0), raw});
+  graph.begin_capture(caller_);
+  ASSERT_EQ(cudaMemsetAsync(x.data_ptr(), 0, x.nbytes(), caller_), cudaSuccess);
+  ops::add(x, r, y, caller());
   graph.end_capture();
   for (int replay = 0; replay < 2; ++replay) {
     x.fill_nan_();
     y.fill_nan_();
     cuda::device_synchronize(0);
-    graph.replay(raw);
+    graph.replay(caller_);
     EXPECT_TRUE(bitwise_equal(fetch(y), fetch(r))) << "replay " << replay;
   }
-  cudaStreamDestroy(raw);
 }
 
-TEST(CudaGraphMemsetNodes, AGraphWithMemoryNodesKeepsItsMemsetAndReplaysFromOneExecutable) {
-  LOCUS_REQUIRE_GPU();
+TEST_F(CudaGraphMemsetNodes, AGraphWithMemoryNodesKeepsItsMemsetAndReplaysFromOneExecutable) {
   // A stream-ordered allocation inside the capture makes memory nodes: the driver removes no node
   // from such a graph and instantiates it once at a time, so end_capture (asked for twins) must
   // leave the memset and make one executable, and the replays still give x + 0 = x.
@@ -130,24 +126,21 @@ TEST(CudaGraphMemsetNodes, AGraphWithMemoryNodesKeepsItsMemsetAndReplaysFromOneE
   SCOPED_TRACE(seed);
   const Tensor x = to_gpu(randn({2, 257}, DType::kFP32, seed));
   Tensor y = poisoned_gpu({2, 257}, DType::kFP32);
-  cudaStream_t raw = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking), cudaSuccess);
   cuda::Graph graph;
-  graph.begin_capture(raw);
+  graph.begin_capture(caller_);
   void* zeros = nullptr;
-  ASSERT_EQ(cudaMallocAsync(&zeros, x.nbytes(), raw), cudaSuccess);
-  ASSERT_EQ(cudaMemsetAsync(zeros, 0, x.nbytes(), raw), cudaSuccess);
-  ops::add(x, Tensor::from_blob(zeros, {2, 257}, DType::kFP32, Device::cuda(0)), y, Stream{Device::cuda(0), raw});
-  ASSERT_EQ(cudaFreeAsync(zeros, raw), cudaSuccess);
+  ASSERT_EQ(cudaMallocAsync(&zeros, x.nbytes(), caller_), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(zeros, 0, x.nbytes(), caller_), cudaSuccess);
+  ops::add(x, Tensor::from_blob(zeros, {2, 257}, DType::kFP32, Device::cuda(0)), y, caller());
+  ASSERT_EQ(cudaFreeAsync(zeros, caller_), cudaSuccess);
   graph.end_capture(/*twin=*/true);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "end_capture left an error for the next launch";
   for (int replay = 0; replay < 3; ++replay) {
     y.fill_nan_();
     cuda::device_synchronize(0);
-    graph.replay(raw);
+    graph.replay(caller_);
     EXPECT_TRUE(bitwise_equal(fetch(y), fetch(x))) << "replay " << replay;
   }
-  cudaStreamDestroy(raw);
 }
 
 }  // namespace

@@ -169,21 +169,34 @@ class TraceRecords {
   int words_;
 };
 
-// Two emulated locality domains (green-context SM partitions, backfill split) and a caller
-// stream, for the tests of single-launch partitioned kernels.
-class CudaTwoDomains : public ::testing::Test {
+// The GPU and a caller stream of the test's own (caller_), destroyed however the test ends.
+class CudaCallerStream : public ::testing::Test {
  protected:
   void SetUp() override {
     LOCUS_REQUIRE_GPU();
-    parts_ = cuda::create_sm_partitions(0, 2, cuda::SplitMode::kBackfill);
     ASSERT_EQ(cudaStreamCreateWithFlags(&caller_, cudaStreamNonBlocking), cudaSuccess);
   }
   void TearDown() override {
     if (caller_) cudaStreamDestroy(caller_);
+  }
+  Stream caller() const { return Stream{Device::cuda(0), caller_}; }
+  cudaStream_t caller_ = nullptr;
+};
+
+// Two emulated locality domains (green-context SM partitions, backfill split) and a caller
+// stream, for the tests of single-launch partitioned kernels.
+class CudaTwoDomains : public CudaCallerStream {
+ protected:
+  void SetUp() override {
+    CudaCallerStream::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    parts_ = cuda::create_sm_partitions(0, 2, cuda::SplitMode::kBackfill);
+  }
+  void TearDown() override {
+    CudaCallerStream::TearDown();
     cuda::destroy_sm_partitions(parts_);
   }
   std::vector<cuda::SmPartition> parts_;
-  cudaStream_t caller_ = nullptr;
 };
 
 }  // namespace locus::testing
