@@ -9,20 +9,33 @@
 namespace locus::cuda::detail {
 
 // The weights of one (token, head) row's split results: w[z] = 2^(m_z - max m) (0 for a split
-// that saw no key); returns 1 / sum_z w[z] l_z. `ml` is split 0's (max, sum) pair, `stride` the
-// floats from one split's pair to the next. Read through L2 (__ldcg): the splits may have been
-// written by other CTAs of the same launch.
-__device__ __forceinline__ float attn_split_weights(const float* ml, int64_t stride, int splits, float* w) {
+// that saw no key); returns 1 / sum_z w[z] l_z. pair(z) gives split z's (max, sum).
+template <typename Pair>
+__device__ __forceinline__ float attn_split_weights_of(int splits, Pair pair, float* w) {
   float m = -INFINITY;
-  for (int z = 0; z < splits; ++z) m = fmaxf(m, __ldcg(ml + z * stride));
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, pair(z).x);
   float l = 0.f;
   for (int z = 0; z < splits; ++z) {
-    const float mz = __ldcg(ml + z * stride);
-    const float wz = mz == -INFINITY ? 0.f : exp2f(mz - m);
+    const float2 ml = pair(z);
+    const float wz = ml.x == -INFINITY ? 0.f : exp2f(ml.x - m);
     w[z] = wz;
-    l = fmaf(wz, __ldcg(ml + z * stride + 1), l);
+    l = fmaf(wz, ml.y, l);
   }
   return 1.f / l;
+}
+
+// The same, read from the partials: `ml` is split 0's (max, sum) pair, `stride` the floats from
+// one split's pair to the next. Read through L2 (__ldcg): the splits may have been written by
+// other CTAs of the same launch.
+__device__ __forceinline__ float attn_split_weights(const float* ml, int64_t stride, int splits, float* w) {
+  return attn_split_weights_of(
+      splits, [&](int z) { return make_float2(__ldcg(ml + z * stride), __ldcg(ml + z * stride + 1)); }, w);
+}
+
+// One merged output value, rounded to the output's type.
+__device__ __forceinline__ void attn_store_output(void* out, bool out_f32, int64_t off, float v) {
+  if (out_f32) static_cast<float*>(out)[off] = v;
+  else static_cast<__nv_bfloat16*>(out)[off] = __float2bfloat16_rn(v);
 }
 
 // One (token, head) row of the output, merged from its splits: out[off + d] = sum_z w[z] o_z[d] *
@@ -34,9 +47,7 @@ __device__ __forceinline__ void attn_write_combined_row(const float* o, int64_t 
   for (int d = tid; d < Dv; d += threads) {
     float sum = 0.f;
     for (int z = 0; z < splits; ++z) sum = fmaf(w[z], __ldcg(o + d + z * stride), sum);
-    const float v = sum * inv_l;
-    if (out_f32) static_cast<float*>(out)[off + d] = v;
-    else static_cast<__nv_bfloat16*>(out)[off + d] = __float2bfloat16_rn(v);
+    attn_store_output(out, out_f32, off + d, sum * inv_l);
   }
 }
 

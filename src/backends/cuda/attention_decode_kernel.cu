@@ -73,9 +73,14 @@ __device__ __forceinline__ const uint32_t* words(const void* base, int64_t eleme
 // The fused combine (AttnSplit::counters): after this CTA's partial sums are written, the last
 // CTA of its (sequence, head group) to finish merges every split of the group's heads into `out`
 // (the threadfence-reduction pattern: each CTA fences its writes before it counts itself in).
-// `weights` is shared memory for HB x kAttnMaxSplits floats (the scores, no longer needed).
+// The merge loads all the group's (max, sum) pairs at once, then each thread its outputs' terms
+// of a split side by side: a few memory round trips, not one per head, output step and split.
+// Its arithmetic is the combine kernel's (attention_combine.cuh), so the bits are the same.
+// `weights` (HB x kAttnMaxSplits floats) and `pairs` are shared memory no longer needed.
+constexpr int kMergeOutputs = HB * kAttnDecodeMaxDa / kThreads;  // outputs a thread writes
 __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit& sp, const AttnSeqOperands& so,
-                                     int h0, float (*weights)[kAttnDecodeMaxSplitKeys]) {
+                                     int h0, float (*weights)[kAttnDecodeMaxSplitKeys],
+                                     float2 (*pairs)[kAttnMaxSplits]) {
   static_assert(kAttnDecodeMaxSplitKeys >= kAttnMaxSplits, "a head's split weights live in its score row");
   __shared__ bool last;
   __shared__ float inv_l[HB];
@@ -91,13 +96,43 @@ __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit&
   __threadfence();
   const int64_t TH = a.T * a.H;
   const int64_t first = static_cast<int64_t>(blockIdx.z) * sp.splits * TH + h0;  // split 0, head h0
-  if (threadIdx.x < HB && h0 + static_cast<int>(threadIdx.x) < a.H)
-    inv_l[threadIdx.x] = attn_split_weights(sp.partial_ml + (first + threadIdx.x) * 2, TH * 2, sp.splits,
-                                            weights[threadIdx.x]);
+  const int heads = static_cast<int>(a.H - h0 < HB ? a.H - h0 : HB), splits = sp.splits;
+  for (int i = threadIdx.x; i < heads * splits; i += kThreads) {  // split z of head h: (first + z TH + h)
+    const float* ml = sp.partial_ml + (first + (i % splits) * TH + i / splits) * 2;
+    pairs[i / splits][i % splits] = make_float2(__ldcg(ml), __ldcg(ml + 1));
+  }
   __syncthreads();
-  for (int h = 0; h < HB && h0 + h < a.H; ++h)  // token 0 of the sequence's output rows
-    attn_write_combined_row(sp.partial_o + (first + h) * a.Dv, TH * a.Dv, sp.splits, weights[h], inv_l[h], so.out,
-                            a.out_f32, (h0 + h) * a.out_head_stride, a.Dv, threadIdx.x, kThreads);
+  if (threadIdx.x < heads) {
+    const float2* mine = pairs[threadIdx.x];
+    inv_l[threadIdx.x] = attn_split_weights_of(splits, [&](int z) { return mine[z]; }, weights[threadIdx.x]);
+  }
+  __syncthreads();
+  // Output e = h Dv + d of the group (token 0 of the sequence's rows); split z's partial sums of
+  // the group's heads are one stretch from (first + z TH) Dv.
+  const int outputs = heads * a.Dv;
+  float sum[kMergeOutputs];
+  int head[kMergeOutputs];
+#pragma unroll
+  for (int i = 0; i < kMergeOutputs; ++i) {
+    sum[i] = 0.f;
+    head[i] = (threadIdx.x + i * kThreads) / a.Dv;
+  }
+#pragma unroll 2
+  for (int z = 0; z < splits; ++z) {
+    const float* o = sp.partial_o + (first + z * TH) * a.Dv;
+#pragma unroll
+    for (int i = 0; i < kMergeOutputs; ++i) {
+      const int e = threadIdx.x + i * kThreads;
+      if (e < outputs) sum[i] = fmaf(weights[head[i]][z], __ldcg(o + e), sum[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMergeOutputs; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    if (e < outputs)
+      attn_store_output(so.out, a.out_f32, (h0 + head[i]) * a.out_head_stride + e - head[i] * a.Dv,
+                        sum[i] * inv_l[head[i]]);
+  }
 }
 
 // The 4 heads' scores of one key whose words this lane holds (ka: k_a's words lane + 32 i, kb:
@@ -126,6 +161,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
   small_op_start();
   __shared__ float scores[HB][kAttnDecodeMaxSplitKeys];
   __shared__ __align__(16) float probs[kAttnDecodeMaxSplitKeys][HB];
+  static_assert(sizeof(probs) >= sizeof(float2) * HB * kAttnMaxSplits, "the merge's (max, sum) pairs fit in probs");
   __shared__ float row_max[HB], row_sum[HB];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const AttnSeqOperands so = seq_operands(a, static_cast<int>(blockIdx.z));
@@ -256,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
     ml[0] = row_max[threadIdx.x];  // -inf with l = 0 where the split holds none of the keys
     ml[1] = row_sum[threadIdx.x];
   }
-  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, so, h0, scores);
+  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, so, h0, scores, reinterpret_cast<float2(*)[kAttnMaxSplits]>(&probs[0][0]));
 }
 
 bool whole_words(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
