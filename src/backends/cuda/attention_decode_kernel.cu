@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_decode_kernel(const __grid_c
     ml[0] = row_max[threadIdx.x];  // -inf with l = 0 where the split holds none of the keys
     ml[1] = row_sum[threadIdx.x];
   }
-  if (sp.splits > 1 && sp.counters != nullptr) merge_splits_if_last(a, sp, so, h0, scores, reinterpret_cast<float2(*)[kAttnMaxSplits]>(&probs[0][0]));
+  if (sp.splits > 1 && sp.counters != nullptr)
+    merge_splits_if_last(a, sp, so, h0, scores, reinterpret_cast<float2(*)[kAttnMaxSplits]>(&probs[0][0]));
 }
 
 bool whole_words(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
