@@ -9,17 +9,17 @@
 namespace locus::cuda::detail {
 
 // The weights of one (token, head) row's split results: w[z] = 2^(m_z - max m) (0 for a split
-// that saw no key); returns 1 / sum_z w[z] l_z. pair(z) gives split z's (max, sum).
-template <typename Pair>
-__device__ __forceinline__ float attn_split_weights_of(int splits, Pair pair, float* w) {
+// that saw no key); returns 1 / sum_z w[z] l_z. max_of(z) and sum_of(z) give split z's m_z, l_z.
+template <typename Max, typename Sum>
+__device__ __forceinline__ float attn_split_weights_of(int splits, Max max_of, Sum sum_of, float* w) {
   float m = -INFINITY;
-  for (int z = 0; z < splits; ++z) m = fmaxf(m, pair(z).x);
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, max_of(z));
   float l = 0.f;
   for (int z = 0; z < splits; ++z) {
-    const float2 ml = pair(z);
-    const float wz = ml.x == -INFINITY ? 0.f : exp2f(ml.x - m);
+    const float mz = max_of(z);
+    const float wz = mz == -INFINITY ? 0.f : exp2f(mz - m);
     w[z] = wz;
-    l = fmaf(wz, ml.y, l);
+    l = fmaf(wz, sum_of(z), l);
   }
   return 1.f / l;
 }
@@ -29,7 +29,7 @@ __device__ __forceinline__ float attn_split_weights_of(int splits, Pair pair, fl
 // other CTAs of the same launch.
 __device__ __forceinline__ float attn_split_weights(const float* ml, int64_t stride, int splits, float* w) {
   return attn_split_weights_of(
-      splits, [&](int z) { return make_float2(__ldcg(ml + z * stride), __ldcg(ml + z * stride + 1)); }, w);
+      splits, [&](int z) { return __ldcg(ml + z * stride); }, [&](int z) { return __ldcg(ml + z * stride + 1); }, w);
 }
 
 // One merged output value, rounded to the output's type.

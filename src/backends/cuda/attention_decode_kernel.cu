@@ -104,7 +104,8 @@ __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit&
   __syncthreads();
   if (threadIdx.x < heads) {
     const float2* mine = pairs[threadIdx.x];
-    inv_l[threadIdx.x] = attn_split_weights_of(splits, [&](int z) { return mine[z]; }, weights[threadIdx.x]);
+    inv_l[threadIdx.x] = attn_split_weights_of(
+        splits, [&](int z) { return mine[z].x; }, [&](int z) { return mine[z].y; }, weights[threadIdx.x]);
   }
   __syncthreads();
   // Output e = h Dv + d of the group (token 0 of the sequence's rows); split z's partial sums of
