@@ -6,7 +6,10 @@
 //   cublas   plain cuBLAS cublasGemmEx (default algorithm), the reference;
 //   lt       cuBLASLt with the tactic timed once per shape (the large-M path of cuda::gemm);
 //   stream   our weight-streaming kernel (M <= 32);
-//   ours     cuda::gemm, the unpartitioned op (stream for M <= stream_gemm_bf16_max_m, else lt);
+//   gemv     our BF16 matrix-vector kernel on CUDA cores (bf16_gemv.h, M <= 4);
+//   mma      our BF16 matrix-vector kernel on tensor cores (M <= 8);
+//   ours     cuda::gemm, the unpartitioned op (stream for M <= stream_gemm_bf16_max_m, else lt or,
+//            at M <= 8, the fastest of lt, gemv and mma, timed once per shape);
 //   part     ops::gemm_partitioned over 2 emulated locality domains (green-context SM
 //            partitions, one shard each in its domain's memory): a fork/join of one cuBLASLt call
 //            per partition stream (one domain-aware streaming launch instead for M <=
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include "backends/cuda/bf16_gemm.h"
+#include "backends/cuda/bf16_gemv.h"
 #include "backends/cuda/bmm_tma.h"
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
@@ -70,8 +74,23 @@ namespace {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, gemv = 0, mma = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
 };
+
+// The matrix-vector kernel's arguments for y = x w^T (dense operands).
+cuda::detail::Bf16GemvArgs gemv_args(const Tensor& x, const Tensor& w, const Tensor& y) {
+  cuda::detail::Bf16GemvArgs a;
+  a.x = x.data_ptr();
+  a.x_ld = x.stride(0);
+  a.w = w.data_ptr();
+  a.w_ld = w.stride(0);
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.m = x.size(0);
+  a.n = w.size(0);
+  a.k = x.size(1);
+  return a;
+}
 
 // Microseconds with one decimal, or "-" for a column not measured.
 std::string us(double seconds) {
@@ -245,7 +264,13 @@ int main(int argc, char** argv) {
         cublasGemmEx(cub, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, w[r].data_ptr(), CUDA_R_16BF, K, x.data_ptr(),
                      CUDA_R_16BF, K, &beta, y.data_ptr(), CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
       });
+      cuda::set_bf16_gemv_enabled(false);  // cuBLASLt alone
       timer.add(&row.lt, R, [&](int r) { cuda::detail::bf16_gemm(x, {w[r].data_ptr(), K, N, nullptr}, {}, y, s); });
+      cuda::set_bf16_gemv_enabled(true);
+      if (M <= cuda::detail::kBf16GemvMaxM)
+        timer.add(&row.gemv, R, [&](int r) { cuda::detail::launch_bf16_gemv(gemv_args(x, w[r], y), s); });
+      if (cuda::detail::bf16_gemv_mma_eligible(gemv_args(x, w[0], y)))
+        timer.add(&row.mma, R, [&](int r) { cuda::detail::launch_bf16_gemv_mma(gemv_args(x, w[r], y), s); });
       if (M <= cuda::detail::kStreamGemmMaxM)
         timer.add(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
       timer.add(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
@@ -261,10 +286,10 @@ int main(int argc, char** argv) {
       timer.run(reps);
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
-      std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | ours %8.1f (%.2fx) %5.0f GB/s | part "
-                  "%8.1f (unpart/part %.2f)",
+      std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | gemv %8.1f | mma %8.1f | ours %8.1f (%.2fx) "
+                  "%5.0f GB/s | part %8.1f (unpart/part %.2f)",
                   (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.lt * 1e6, row.stream * 1e6,
-                  row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
+                  row.gemv * 1e6, row.mma * 1e6, row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
                   row.ours / row.part);
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
@@ -349,16 +374,16 @@ int main(int argc, char** argv) {
                 "Device: %s, %d SMs; partitions: %s split, %d + %d SMs; measured copy bandwidth %.0f GB/s.\n\n",
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
-  md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
+  md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | mma us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
         "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
         "unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
-    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |", (long long)r.n,
-                  (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(), us(r.stream).c_str(),
-                  us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |",
+                  (long long)r.n, (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(),
+                  us(r.stream).c_str(), us(r.gemv).c_str(), us(r.mma).c_str(), us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
     md += buf;
     if (r.fp4 > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f | %.0f |", us(r.fp4).c_str(), r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);

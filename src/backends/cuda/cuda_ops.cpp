@@ -4,10 +4,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <vector>
+
 #include "backends/cuda/bf16_gemm.h"
+#include "backends/cuda/bf16_gemv.h"
 #include "backends/cuda/cublaslt_matmul.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/path_choice.h"
 
 namespace locus::cuda {
 namespace {
@@ -50,9 +54,9 @@ void check_gemm_operands(const char* op, const Tensor& x, const Tensor& w, const
   *k = x.size(1);
 }
 
-// y(col-major D, N x M) = w(T) * x
-void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, bool bias_f32, void* y, int64_t ldy,
-               bool y_f32, cudaStream_t stream) {
+// y(col-major D, N x M) = w(T) * x by cuBLASLt.
+void lt_gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, bool bias_f32, void* y, int64_t ldy,
+                  bool y_f32, cudaStream_t stream) {
   detail::LtMatmul mm;
   mm.trans_a = true;
   mm.trans_b = false;
@@ -70,6 +74,38 @@ void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, b
   mm.bias_f32 = bias_f32;
   mm.alpha_device = w.alpha_device;
   detail::lt_matmul(mm, stream);
+}
+
+// The same, at decode M by the fastest (timed once per problem, path_choice.h) of cuBLASLt and
+// our matrix-vector kernels that take the problem (bf16_gemv.h); LOCUS_BF16_GEMV=0 leaves it to
+// cuBLASLt.
+void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, bool bias_f32, void* y, int64_t ldy,
+               bool y_f32, cudaStream_t stream) {
+  detail::Bf16GemvArgs g;
+  g.x = x.data_ptr();
+  g.x_ld = x.stride(0);
+  g.w = w.data;
+  g.w_ld = w.ld;
+  g.bias = bias;
+  g.bias_f32 = bias_f32;
+  g.alpha = w.alpha_device;
+  g.y = y;
+  g.y_ld = ldy;
+  g.y_f32 = y_f32;
+  g.m = x.size(0);
+  g.n = w.n;
+  g.k = x.size(1);
+  std::vector<detail::PathCall> paths = {
+      [&](cudaStream_t s) { lt_gemm_into(x, w, bias, bias_f32, y, ldy, y_f32, s); }};
+  if (detail::bf16_gemv_enabled()) {
+    if (detail::bf16_gemv_eligible(g)) paths.push_back([&](cudaStream_t s) { detail::launch_bf16_gemv(g, s); });
+    if (detail::bf16_gemv_mma_eligible(g)) paths.push_back([&](cudaStream_t s) { detail::launch_bf16_gemv_mma(g, s); });
+  }
+  if (paths.size() == 1) {
+    paths[0](stream);
+    return;
+  }
+  detail::run_fastest_path(detail::bf16_gemv_problem_key(g, stream), paths, stream);
 }
 
 detail::Bf16Weight weight_of(const Tensor& w) { return {w.data_ptr(), w.stride(0), w.size(0), nullptr}; }

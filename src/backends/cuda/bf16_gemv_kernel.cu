@@ -1,0 +1,175 @@
+// The BF16 matrix-vector kernel for decode (bf16_gemv.h). A CTA of 8 warps reduces R weight rows:
+// the 8 / R warps of a row split its K into contiguous parts, each lane takes every 32nd 16-byte
+// vector of its warp's part. A lane keeps two batches of vectors in flight (the next batch is
+// loaded before the current one is multiplied), accumulates in fp32 and the sums are combined
+// in a fixed order: lane partials by a shuffle tree, then the row's warps in index order.
+#include <algorithm>
+
+#include "backends/cuda/bf16_gemv.h"
+#include "backends/cuda/bf16_gemv_device.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/env_settings.h"
+#include "backends/cuda/grid_dependency.cuh"
+#include "backends/cuda/mma_fragments.cuh"
+#include "backends/cuda/stream_registry.h"
+#include "core/error.h"
+#include "core/float_convert.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+constexpr int kWarps = 8, kThreads = 32 * kWarps;
+
+EnvToggle g_enabled{"LOCUS_BF16_GEMV", true};
+
+// The two bf16 values of a 32-bit word as fp32 (exact).
+__device__ __forceinline__ float low_of(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float high_of(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// acc[t] += the dot product of weight vector wv with token t's vector xv[t] (8 terms in K order).
+template <int M>
+__device__ __forceinline__ void fma_vector(const uint4& wv, const uint4 (&xv)[M], float (&acc)[M]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t wi = uint4_word(wv, i);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      acc[t] = fmaf(low_of(wi), low_of(uint4_word(xv[t], i)), acc[t]);
+      acc[t] = fmaf(high_of(wi), high_of(uint4_word(xv[t], i)), acc[t]);
+    }
+  }
+}
+
+// M tokens, R rows per CTA. Batches of U vectors per lane: fewer at larger M (registers).
+template <int M, int R>
+__global__ void __launch_bounds__(kThreads) bf16_gemv_kernel(Bf16GemvArgs a) {
+  constexpr int kWarpsPerRow = kWarps / R;
+  constexpr int U = M <= 2 ? 4 : 2;
+  constexpr int kStep = 32 * U;  // vectors a warp's batch covers
+  __shared__ float partial[kWarps][M];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * R + warp / kWarpsPerRow;
+  const int part = warp % kWarpsPerRow;
+  const int64_t vectors = a.k / 8;
+  const int64_t v_end = vectors * (part + 1) / kWarpsPerRow;
+  int64_t v = vectors * part / kWarpsPerRow + lane;
+  const bool has_row = row < a.n;
+  const uint4* w_row = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.w) + (has_row ? row : 0) * a.w_ld);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // The first batch of weights before the wait: they do not depend on the kernel before.
+  uint4 wv[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) wv[u] = has_row && v + 32 * u < v_end ? gemv_load_streamed(w_row + v + 32 * u) : zero;
+  launch_dependents();
+  wait_for_previous_grid();
+
+  float acc[U][M];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[u][t] = 0.f;
+  for (; v < v_end; v += kStep) {
+    uint4 xv[U][M];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        const uint4* x_row = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.x) + t * a.x_ld);
+        xv[u][t] = v + 32 * u < v_end ? __ldg(x_row + v + 32 * u) : zero;
+      }
+    uint4 next[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t at = v + kStep + 32 * u;
+      next[u] = has_row && at < v_end ? gemv_load_streamed(w_row + at) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma_vector<M>(wv[u], xv[u], acc[u]);
+#pragma unroll
+    for (int u = 0; u < U; ++u) wv[u] = next[u];
+  }
+
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    float s = acc[0][t];
+#pragma unroll
+    for (int u = 1; u < U; ++u) s += acc[u][t];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    if (lane == 0) partial[warp][t] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x >= R * M) return;
+  const int r = threadIdx.x / M, t = threadIdx.x % M;
+  const int64_t out_row = static_cast<int64_t>(blockIdx.x) * R + r;
+  if (out_row >= a.n) return;
+  float s = partial[r * kWarpsPerRow][t];
+#pragma unroll
+  for (int p = 1; p < kWarpsPerRow; ++p) s += partial[r * kWarpsPerRow + p][t];
+  gemv_store_output(a, t, out_row, s);
+}
+
+template <int M>
+void launch_for_m(const Bf16GemvArgs& a, int rows, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.n + rows - 1) / rows));
+  DependentLaunch launch(grid, dim3(kThreads), 0, stream, small_op_overlap());
+  cudaError_t err = cudaErrorInvalidValue;
+  switch (rows) {
+    case 1: err = cudaLaunchKernelEx(&launch.config, bf16_gemv_kernel<M, 1>, a); break;
+    case 2: err = cudaLaunchKernelEx(&launch.config, bf16_gemv_kernel<M, 2>, a); break;
+    case 4: err = cudaLaunchKernelEx(&launch.config, bf16_gemv_kernel<M, 4>, a); break;
+    case 8: err = cudaLaunchKernelEx(&launch.config, bf16_gemv_kernel<M, 8>, a); break;
+  }
+  LOCUS_CUDA_CHECK_NAMED(err, "bf16_gemv_kernel launch failed");
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool bf16_gemv_eligible(const Bf16GemvArgs& a) {
+  return a.m >= 1 && a.m <= kBf16GemvMaxM && a.n >= 1 && a.k >= 8 && a.k % 8 == 0 && a.w_ld % 8 == 0 &&
+         (a.m == 1 || a.x_ld % 8 == 0) && aligned16(a.x) && aligned16(a.w) && a.n <= (int64_t{1} << 31) - 8;
+}
+
+int bf16_gemv_rows_per_cta(int64_t n, int64_t k, int sms) {
+  // About 8 vectors a lane: K * R / 2048 of them with R rows of 8 / R warps each.
+  int rows = 8;
+  while (rows > 1 && k * rows > 16384) rows /= 2;
+  // At least 4 CTAs an SM where the rows allow it (a small N splits its rows' K further).
+  while (rows > 1 && (n + rows - 1) / rows < 4 * static_cast<int64_t>(sms)) rows /= 2;
+  return rows;
+}
+
+bool bf16_gemv_enabled() { return g_enabled.on(); }
+
+std::string bf16_gemv_problem_key(const Bf16GemvArgs& a, cudaStream_t stream) {
+  const int bias = a.bias == nullptr ? 0 : a.bias_f32 ? 2 : 1;
+  // The kernels that take the problem (the paths' list) follow from the rest but for alignment.
+  return str("bf16_gemv:", a.m, 'x', a.n, 'x', a.k, ':', a.x_ld, ',', a.w_ld, ',', a.y_ld, ':', a.y_f32, bias,
+             a.alpha != nullptr, ":sm", partition_stream_sm_count(stream), ":k", bf16_gemv_eligible(a),
+             bf16_gemv_mma_eligible(a));
+}
+
+void launch_bf16_gemv(const Bf16GemvArgs& a, cudaStream_t stream) {
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  const int rows = bf16_gemv_rows_per_cta(a.n, a.k, device_attribute(device, cudaDevAttrMultiProcessorCount));
+  switch (a.m) {
+    case 1: launch_for_m<1>(a, rows, stream); break;
+    case 2: launch_for_m<2>(a, rows, stream); break;
+    case 3: launch_for_m<3>(a, rows, stream); break;
+    default: launch_for_m<4>(a, rows, stream); break;
+  }
+}
+
+}  // namespace locus::cuda::detail
+
+namespace locus::cuda {
+
+void set_bf16_gemv_enabled(bool on) { detail::g_enabled.set(on); }
+
+}  // namespace locus::cuda

@@ -1,0 +1,204 @@
+// The BF16 decode matrix-vector kernels (bf16_gemv.h) against fp64 references on random inputs:
+// every token count they take, each rows-per-CTA form, biases, a device alpha, fp32 and bf16
+// outputs written as a column slice of a poisoned tensor (the columns around it must stay
+// poisoned), the same bits on a second call and from a graph replay; and cuda::gemm, which
+// times it against cuBLASLt at decode M, from a graph.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/bf16_gemv.h"
+#include "backends/cuda/cuda_ops.h"
+#include "cuda_test_util.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+using cuda::detail::Bf16GemvArgs;
+
+struct GemvCase {
+  int64_t m, n, k;
+  DType out;
+  int bias;  // 0 none, 1 bf16, 2 fp32
+  bool alpha;
+};
+
+// The output sits at columns [kLeft, kLeft + n) of a poisoned [m, n + kLeft + kRight] tensor.
+constexpr int64_t kLeft = 3, kRight = 5;
+
+class CudaBf16Gemv : public CudaCallerStream, public ::testing::WithParamInterface<GemvCase> {};
+
+// Each kernel that takes the case (the CUDA-core one up to 4 tokens, the tensor-core one up to 8
+// with K a multiple of 64), on the same fresh inputs.
+TEST_P(CudaBf16Gemv, MatchesFp64ReferenceInItsColumnsOnlyAndRepeatsItsBits) {
+  const GemvCase c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const Tensor x = randn({c.m, c.k}, DType::kBF16, seed);
+  const Tensor w = randn({c.n, c.k}, DType::kBF16, seed + 1, 0.05);
+  Tensor bias;
+  if (c.bias) bias = randn({c.n}, c.bias == 1 ? DType::kBF16 : DType::kFP32, seed + 2);
+  const float alpha = c.alpha ? 0.75f : 1.f;
+  Tensor alpha_host = Tensor::empty({1}, DType::kFP32);
+  alpha_host.data<float>()[0] = alpha;
+  const Tensor xg = to_gpu(x), wg = to_gpu(w), bg = bias.defined() ? to_gpu(bias) : Tensor();
+  const Tensor alpha_g = to_gpu(alpha_host);
+  const int64_t width = c.n + kLeft + kRight;
+  Tensor y = poisoned_gpu({c.m, width}, c.out);
+
+  Bf16GemvArgs a;
+  a.x = xg.data_ptr();
+  a.x_ld = c.k;
+  a.w = wg.data_ptr();
+  a.w_ld = c.k;
+  a.bias = bg.defined() ? bg.data_ptr() : nullptr;
+  a.bias_f32 = c.bias == 2;
+  a.alpha = c.alpha ? alpha_g.data<float>() : nullptr;
+  a.y = static_cast<char*>(y.data_ptr()) + kLeft * dtype_size(c.out);
+  a.y_ld = width;
+  a.y_f32 = c.out == DType::kFP32;
+  a.m = c.m;
+  a.n = c.n;
+  a.k = c.k;
+
+  std::vector<double> ref = ref_gemm(x, w);
+  const std::vector<double> b = bias.defined() ? to_doubles(bias) : std::vector<double>(c.n, 0.0);
+  for (int64_t t = 0; t < c.m; ++t)
+    for (int64_t j = 0; j < c.n; ++j) ref[t * c.n + j] = alpha * ref[t * c.n + j] + b[j];
+  const double tol = c.out == DType::kBF16 ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k);
+
+  using Launch = void (*)(const Bf16GemvArgs&, cudaStream_t);
+  struct Kernel {
+    const char* name;
+    bool takes;
+    Launch launch;
+  };
+  const Kernel kernels[] = {{"CUDA cores", cuda::detail::bf16_gemv_eligible(a), cuda::detail::launch_bf16_gemv},
+                            {"tensor cores", cuda::detail::bf16_gemv_mma_eligible(a), cuda::detail::launch_bf16_gemv_mma}};
+  EXPECT_EQ(kernels[0].takes, c.m <= cuda::detail::kBf16GemvMaxM);
+  EXPECT_EQ(kernels[1].takes, c.k % 64 == 0);
+  for (const Kernel& kernel : kernels) {
+    if (!kernel.takes) continue;
+    SCOPED_TRACE(::testing::Message() << kernel.name << ", rows per CTA "
+                                      << cuda::detail::bf16_gemv_rows_per_cta(c.n, c.k, 132) << ", row groups "
+                                      << cuda::detail::bf16_gemv_mma_row_groups(c.n, c.k, 132));
+    y.fill_nan_();
+    kernel.launch(a, caller_);
+    const Tensor first = fetch(y);
+    EXPECT_LT(rel_error(first.slice(1, kLeft, kLeft + c.n).clone(), ref), tol);
+    for (const double v : to_doubles(first.slice(1, 0, kLeft).clone())) EXPECT_TRUE(std::isnan(v));
+    for (const double v : to_doubles(first.slice(1, kLeft + c.n, width).clone())) EXPECT_TRUE(std::isnan(v));
+
+    // A second call, then a graph of it replayed twice: the same bits each time.
+    kernel.launch(a, caller_);
+    EXPECT_TRUE(bitwise_equal(fetch(y), first));
+    y.fill_nan_();
+    cuda::Graph g;
+    g.begin_capture(caller_);
+    kernel.launch(a, caller_);
+    g.end_capture();
+    for (int replay = 0; replay < 2; ++replay) {
+      g.replay(caller_);
+      EXPECT_TRUE(bitwise_equal(fetch(y), first)) << "replay " << replay;
+    }
+  }
+}
+
+// Token counts 1-8; K from one vector a row (most warps of a row idle) to o_proj's 16384; rows
+// per CTA 1, 2, 4 and 8 and row groups 1, 2, 4 and 8 on a 132-SM GPU (the last CTA's rows partly
+// past N, rows past N inside a group of 16).
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaBf16Gemv,
+                         ::testing::Values(GemvCase{1, 64, 128, DType::kBF16, 0, false},
+                                           GemvCase{1, 7, 8, DType::kFP32, 1, false},
+                                           GemvCase{2, 300, 1000, DType::kBF16, 2, true},
+                                           GemvCase{3, 129, 2056, DType::kFP32, 0, true},
+                                           GemvCase{4, 96, 7168, DType::kBF16, 1, false},
+                                           GemvCase{1, 1100, 16384, DType::kBF16, 0, false},
+                                           GemvCase{2, 1100, 4096, DType::kFP32, 1, true},
+                                           GemvCase{2, 2200, 1024, DType::kFP32, 2, false},
+                                           GemvCase{1, 4229, 512, DType::kBF16, 1, true},
+                                           GemvCase{4, 4230, 256, DType::kBF16, 0, false},
+                                           GemvCase{5, 8450, 1024, DType::kBF16, 2, false},
+                                           GemvCase{3, 17000, 1536, DType::kBF16, 1, false},
+                                           GemvCase{8, 34000, 512, DType::kFP32, 1, true},
+                                           GemvCase{6, 9000, 192, DType::kBF16, 0, true},
+                                           GemvCase{7, 4500, 1024, DType::kBF16, 1, false}));
+
+TEST(CudaBf16GemvRules, RowsPerCtaFillTheGpuAndKeepAFewLoadsALane) {
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(7168, 16384, 132), 1);   // o_proj: 8 vectors a lane
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(24576, 1536, 132), 8);   // q_b
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(1536, 7168, 132), 2);    // q_a
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(576, 7168, 132), 1);     // kv_a: too few rows for 2
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(32, 7168, 132), 1);      // a router's gate
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(2200, 1024, 132), 4);
+  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(1100, 4096, 132), 2);
+  // The tensor-core kernel's groups of 16 rows: about 16 chunks of 64 K a warp, 2 CTAs an SM.
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(7168, 16384, 132), 1);   // o_proj
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(24576, 1536, 132), 4);   // q_b
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(32768, 512, 132), 4);
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(8450, 1024, 132), 2);
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(17000, 1536, 132), 4);
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(34000, 512, 132), 8);
+  EXPECT_EQ(cuda::detail::bf16_gemv_mma_row_groups(1536, 7168, 132), 1);    // q_a: 96 CTAs
+}
+
+TEST(CudaBf16GemvRules, TakesOnlyAlignedDecodeProblems) {
+  Bf16GemvArgs a;
+  alignas(16) static uint16_t buf[128];
+  a.x = buf;
+  a.w = buf;
+  a.m = 1;
+  a.n = 4;
+  a.k = 16;
+  a.x_ld = a.w_ld = 16;
+  EXPECT_TRUE(cuda::detail::bf16_gemv_eligible(a));
+  EXPECT_FALSE(cuda::detail::bf16_gemv_mma_eligible(a));  // K = 16: not whole chunks of 64
+  Bf16GemvArgs b = a;
+  b.m = cuda::detail::kBf16GemvMaxM + 1;
+  EXPECT_FALSE(cuda::detail::bf16_gemv_eligible(b));
+  b.k = b.x_ld = b.w_ld = 64;
+  b.m = cuda::detail::kBf16GemvMmaMaxM;
+  EXPECT_TRUE(cuda::detail::bf16_gemv_mma_eligible(b));
+  b.m = cuda::detail::kBf16GemvMmaMaxM + 1;
+  EXPECT_FALSE(cuda::detail::bf16_gemv_mma_eligible(b));
+  b = a;
+  b.k = 12;  // not whole vectors
+  EXPECT_FALSE(cuda::detail::bf16_gemv_eligible(b));
+  b = a;
+  b.w = buf + 1;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::detail::bf16_gemv_eligible(b));
+  b = a;
+  b.m = 2;
+  b.x_ld = 20;
+  EXPECT_FALSE(cuda::detail::bf16_gemv_eligible(b));
+}
+
+// cuda::gemm at decode M times the kernel against cuBLASLt once per shape; whichever it takes,
+// the result matches the reference, and a graph of the call replays its bits.
+TEST_F(CudaCallerStream, GemmAtDecodeMatchesFp64AndReplaysFromAGraph) {
+  for (const int64_t m : {1, 2, 4, 8}) {
+    SCOPED_TRACE(m);
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    const int64_t N = 1536, K = 2048;
+    const Tensor x = randn({m, K}, DType::kBF16, seed);
+    const Tensor w = randn({N, K}, DType::kBF16, seed + 1, 0.05);
+    const Tensor xg = to_gpu(x), wg = to_gpu(w);
+    Tensor y = poisoned_gpu({m, N}, DType::kBF16);
+    cuda::gemm(xg, wg, {}, y, caller_);
+    const Tensor eager = fetch(y);
+    EXPECT_LT(rel_error(eager, ref_gemm(x, w)), bf16_gemm_tolerance(K));
+    y.fill_nan_();
+    cuda::Graph g;
+    g.begin_capture(caller_);
+    cuda::gemm(xg, wg, {}, y, caller_);
+    g.end_capture();
+    g.replay(caller_);
+    EXPECT_TRUE(bitwise_equal(fetch(y), eager));
+  }
+}
+
+}  // namespace
+}  // namespace locus
