@@ -84,16 +84,20 @@ __device__ void merge_splits_if_last(const MlaAttentionArgs& a, const AttnSplit&
   static_assert(kAttnDecodeMaxSplitKeys >= kAttnMaxSplits, "a head's split weights live in its score row");
   __shared__ bool last;
   __shared__ float inv_l[HB];
-  __threadfence();
+  // One fence, by the thread that counts (as cooperative groups' grid sync does): the barrier
+  // orders the CTA's writes before it, and a fence is cumulative over what its thread observed.
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned* counter = sp.counters + blockIdx.z * gridDim.x + blockIdx.x;
+    __threadfence();
     last = atomicAdd(counter, 1u) == static_cast<unsigned>(sp.splits - 1);
-    if (last) *counter = 0;  // the next launch on this stream starts from zero
+    if (last) {
+      *counter = 0;      // the next launch on this stream starts from zero
+      __threadfence();  // the other CTAs' partial sums before the merge's reads (after the barrier)
+    }
   }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   const int64_t TH = a.T * a.H;
   const int64_t first = static_cast<int64_t>(blockIdx.z) * sp.splits * TH + h0;  // split 0, head h0
   const int heads = static_cast<int>(a.H - h0 < HB ? a.H - h0 : HB), splits = sp.splits;

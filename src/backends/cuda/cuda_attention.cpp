@@ -25,7 +25,7 @@ constexpr int64_t kMinKeysPerSplit = 2 * detail::kAttnTcKeys;
 // (set_attention_decode_max_keys), or each sequence's are at most kDecodeShortKeys of them and
 // one key split of every sequence takes at most two CTAs per SM (decode_kernel_fits).
 detail::EnvCount g_decode_max_keys{"LOCUS_ATTN_DECODE_MAX_KEYS", 512};
-constexpr int64_t kDecodeShortKeys = 128;
+constexpr int64_t kDecodeShortKeys = 192;
 // The decode kernel's key splits cover at least this many keys (set_attention_decode_split_keys):
 // shorter splits spread a short context over more SMs, each split more costs the combine.
 detail::EnvCount g_decode_split_keys{"LOCUS_ATTN_DECODE_SPLIT_KEYS", 64};
@@ -149,9 +149,10 @@ detail::AttnSplit plan_decode_splits(const detail::MlaAttentionArgs& a, int64_t 
 
 // Whether decode over `keys` keys at most for each of `seqs` sequences (`ctas` CTAs a key split, on
 // `sms` SMs) takes the decode kernel: at short contexts it is latency that counts, and the
-// tensor-core kernel's 64-row CTAs take longer (cuda_attention_bench, H100: at 1, 2, 4 and 8
-// sequences the decode kernel was faster up to 512, 256, 128 and 128 keys each, slower beyond; at
-// 16 sequences, more CTAs than two per SM, slower from 64 keys).
+// tensor-core kernel's 64-row CTAs take longer (cuda_attention_bench, H100, twenty-sixth session:
+// at 1 sequence the decode kernel was faster up to 512 keys, at 4 and 8 up to 192 (0.80 of the
+// tensor-core kernel's time there), even at 256 and slower beyond; at 16 sequences, more CTAs
+// than two per SM, faster only at 64 keys (0.91), even at 128).
 bool decode_kernel_fits(int64_t keys, int64_t seqs, int64_t ctas, int64_t sms) {
   const int64_t max_keys = g_decode_max_keys.get();
   if (max_keys <= 0) return false;
