@@ -228,11 +228,12 @@ inline void print_step_breakdown(FILE* out, const StepBreakdown& b, const std::s
   std::fprintf(out, "| idle | %.1f |\n", b.idle_us);
 }
 
-// The groups the decode-step breakdown uses: our NVFP4/BF16 streaming kernel, cuBLAS(Lt) GEMMs,
+// The groups the decode-step breakdown uses: our NVFP4/BF16 streaming kernel, the other BF16
+// GEMMs (cuBLAS(Lt) and our decode matrix-vector kernel),
 // attention, MoE routing and combines, host<->device copies and memsets.
 inline std::vector<StepGroup> decode_step_groups() {
   return {{"streaming GEMM (NVFP4 experts and MLP)", {"stream_gemm"}},
-          {"cuBLAS(Lt) GEMM", {"nvjet", "cublas", "gemm"}},
+          {"BF16 GEMM (cuBLAS(Lt), bf16_gemv)", {"nvjet", "cublas", "gemm", "bf16_gemv"}},
           {"attention", {"attn_"}},
           {"MoE routing and combine", {"moe_", "topk", "combine_kernel", "count_kernel", "scan_kernel", "gather"}},
           {"copies, uploads, memsets", {"[memcpy", "[memset", "host_copy"}}};

@@ -99,11 +99,13 @@ TEST(KernelTraceSummary, TheSequenceListsTheLastActivitiesInOrder) {
 // overlapping launch only its part past the previous end), idle stretches are counted, and the
 // step the trace's end cuts off is left out.
 TEST(KernelTraceSummary, StepsChargeEachActivityTheTimeItAdds) {
-  // Two steps of 20 us: embed [0, 2), gemm [2, 10), a stream launch overlapping it [8, 15) (adds 5),
-  // 3 us idle, a copy [18, 20); then the same from 20, and a third step that the trace cuts off at 40.
+  // Two steps of 20 us: embed [0, 2), BF16 GEMMs [2, 6) and [6, 10), a stream launch overlapping them
+  // [8, 15) (adds 5), 3 us idle, a copy [18, 20); then the same from 20, and a third step that the
+  // trace cuts off at 40.
   auto step = [](uint64_t t0) {
     return std::vector<TraceActivity>{{"embedding_kernel", t0, t0 + 2000},
-                                      {"nvjet_sm90_tst", t0 + 2000, t0 + 10000},
+                                      {"nvjet_sm90_tst", t0 + 2000, t0 + 6000},
+                                      {"bf16_gemv_kernel<1, 1>", t0 + 6000, t0 + 10000},
                                       {"stream_gemm_kernel<1>", t0 + 8000, t0 + 15000},
                                       {"[memcpy DtoH]", t0 + 18000, t0 + 20000}};
   };
@@ -121,7 +123,7 @@ TEST(KernelTraceSummary, StepsChargeEachActivityTheTimeItAdds) {
     total += us;
   }
   EXPECT_DOUBLE_EQ(by["streaming GEMM (NVFP4 experts and MLP)"], 5.0);
-  EXPECT_DOUBLE_EQ(by["cuBLAS(Lt) GEMM"], 8.0);
+  EXPECT_DOUBLE_EQ(by["BF16 GEMM (cuBLAS(Lt), bf16_gemv)"], 8.0);
   EXPECT_DOUBLE_EQ(by["copies, uploads, memsets"], 2.0);
   EXPECT_DOUBLE_EQ(by["other"], 2.0);  // the embedding
   EXPECT_DOUBLE_EQ(total + b.idle_us, b.wall_us);
