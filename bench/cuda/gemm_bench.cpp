@@ -6,10 +6,9 @@
 //   cublas   plain cuBLAS cublasGemmEx (default algorithm), the reference;
 //   lt       cuBLASLt with the tactic timed once per shape (the large-M path of cuda::gemm);
 //   stream   our weight-streaming kernel (M <= 32);
-//   gemv     our BF16 matrix-vector kernel on CUDA cores (bf16_gemv.h, M <= 4);
-//   mma      our BF16 matrix-vector kernel on tensor cores (M <= 8);
+//   gemv     our BF16 matrix-vector kernel (bf16_gemv.h, M <= 4);
 //   ours     cuda::gemm, the unpartitioned op (stream for M <= stream_gemm_bf16_max_m, else lt or,
-//            at M <= 8, the fastest of lt, gemv and mma, timed once per shape);
+//            at M <= 4, the faster of lt and gemv, timed once per shape);
 //   part     ops::gemm_partitioned over 2 emulated locality domains (green-context SM
 //            partitions, one shard each in its domain's memory): a fork/join of one cuBLASLt call
 //            per partition stream (one domain-aware streaming launch instead for M <=
@@ -74,7 +73,7 @@ namespace {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, gemv = 0, mma = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
 };
 
 // The matrix-vector kernel's arguments for y = x w^T (dense operands).
@@ -269,8 +268,6 @@ int main(int argc, char** argv) {
       cuda::set_bf16_gemv_enabled(true);
       if (M <= cuda::detail::kBf16GemvMaxM)
         timer.add(&row.gemv, R, [&](int r) { cuda::detail::launch_bf16_gemv(gemv_args(x, w[r], y), s); });
-      if (cuda::detail::bf16_gemv_mma_eligible(gemv_args(x, w[0], y)))
-        timer.add(&row.mma, R, [&](int r) { cuda::detail::launch_bf16_gemv_mma(gemv_args(x, w[r], y), s); });
       if (M <= cuda::detail::kStreamGemmMaxM)
         timer.add(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
       timer.add(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
@@ -286,10 +283,10 @@ int main(int argc, char** argv) {
       timer.run(reps);
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
-      std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | gemv %8.1f | mma %8.1f | ours %8.1f (%.2fx) "
+      std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | gemv %8.1f | ours %8.1f (%.2fx) "
                   "%5.0f GB/s | part %8.1f (unpart/part %.2f)",
                   (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.lt * 1e6, row.stream * 1e6,
-                  row.gemv * 1e6, row.mma * 1e6, row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
+                  row.gemv * 1e6, row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
                   row.ours / row.part);
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
@@ -374,16 +371,16 @@ int main(int argc, char** argv) {
                 "Device: %s, %d SMs; partitions: %s split, %d + %d SMs; measured copy bandwidth %.0f GB/s.\n\n",
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
-  md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | mma us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
+  md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
         "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
         "unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
-    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |",
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |",
                   (long long)r.n, (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(),
-                  us(r.stream).c_str(), us(r.gemv).c_str(), us(r.mma).c_str(), us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
+                  us(r.stream).c_str(), us(r.gemv).c_str(), us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
     md += buf;
     if (r.fp4 > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f | %.0f |", us(r.fp4).c_str(), r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);

@@ -1,14 +1,10 @@
-// Internal to the CUDA backend: the BF16 matrix-vector kernels for decode (a few tokens),
-// y[M, N] = alpha * x[M, K] w[N, K]^T (+ bias). At decode M the product reads each weight byte
-// once and does a few flops on it, so its speed is the weight stream's: the kernels keep every
-// SM's loads in flight, start them before the previous kernel ends (programmatic dependent
-// launch: the weights do not depend on it) and need no split-K workspace, memset or reduce
-// kernel. Each output is reduced in one fixed order: the same bits on every call. Two kernels:
-// - on CUDA cores (bf16_gemv_kernel.cu), M <= kBf16GemvMaxM: a warp per row, fp32 FMAs; its
-//   instructions per weight byte grow with M;
-// - on tensor cores (bf16_gemv_mma_kernel.cu), M <= kBf16GemvMmaMaxM: a warp per 16 rows,
-//   mma.sync with the tokens as the n side; the same instructions for any M up to 8.
-// cuda::gemm times both against cuBLASLt once per problem (cuda_ops.cpp).
+// Internal to the CUDA backend: the BF16 matrix-vector kernel for decode (M <= kBf16GemvMaxM
+// tokens), y[M, N] = alpha * x[M, K] w[N, K]^T (+ bias). At decode M the product reads each
+// weight byte once and does a few flops on it, so its speed is the weight stream's: the kernel
+// keeps every SM's loads in flight, starts them before the previous kernel ends (programmatic
+// dependent launch: the weights do not depend on it) and needs no split-K workspace, memset or
+// reduce kernel. Each output is reduced in one fixed order: the same bits on every call.
+// cuda::gemm times it against cuBLASLt once per problem (cuda_ops.cpp).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -18,7 +14,6 @@
 namespace locus::cuda::detail {
 
 constexpr int64_t kBf16GemvMaxM = 4;
-constexpr int64_t kBf16GemvMmaMaxM = 8;
 
 struct Bf16GemvArgs {
   const void* x = nullptr;  // bf16 [m, k], row stride x_ld (elements)
@@ -37,19 +32,19 @@ struct Bf16GemvArgs {
 // Whether the kernel takes the problem: 1 <= m <= kBf16GemvMaxM, k a multiple of 8 and x's and
 // w's rows 16-byte aligned (every load is a 16-byte vector).
 bool bf16_gemv_eligible(const Bf16GemvArgs& a);
-// Weight rows one CTA reduces (its 8 warps split K among them), for n rows of k on `sms` SMs:
-// enough CTAs to fill the GPU, each warp's part of a row a few 16-byte loads per lane.
+// Row slots one CTA reduces (its 8 warps split K among them), for n slots of k on `sms` SMs:
+// enough CTAs to fill the GPU, each warp's part of a slot a few 16-byte loads per lane.
 int bf16_gemv_rows_per_cta(int64_t n, int64_t k, int sms);
+// Rows a slot holds at m tokens: 2 from m = 2 on (one warp's activation loads serve both; their
+// cost per weight byte grows with m), else 1. LOCUS_BF16_GEMV_ROW_PAIRS=0: always 1.
+int bf16_gemv_rows_per_warp(int64_t m);
+// Two rows a warp from m = 2 on (1), one row always (0), or back to the environment's (negative),
+// for tests and benchmarks.
+void set_bf16_gemv_row_pairs(int on);
 // Enqueues the product on `stream`; the problem must be eligible.
 void launch_bf16_gemv(const Bf16GemvArgs& a, cudaStream_t stream);
 
-// The tensor-core kernel: 1 <= m <= kBf16GemvMmaMaxM, k a multiple of 64, rows 16-byte aligned.
-bool bf16_gemv_mma_eligible(const Bf16GemvArgs& a);
-// Groups of 16 rows one CTA takes (its 8 warps split each group's K among them).
-int bf16_gemv_mma_row_groups(int64_t n, int64_t k, int sms);
-void launch_bf16_gemv_mma(const Bf16GemvArgs& a, cudaStream_t stream);
-
-// Whether cuda::gemm may take the kernels (timed against cuBLASLt): on unless LOCUS_BF16_GEMV=0;
+// Whether cuda::gemm may take the kernel (timed against cuBLASLt): on unless LOCUS_BF16_GEMV=0;
 // set_bf16_gemv_enabled (cuda_ops.h) overrides it.
 bool bf16_gemv_enabled();
 // The path choice's key for a problem on `stream`: what decides which path is faster (shape,

@@ -1,5 +1,5 @@
-// Internal to the CUDA backend (device code): what the two BF16 decode matrix-vector kernels
-// (bf16_gemv.h) share: the weights' streaming load and the output's epilogue.
+// Internal to the CUDA backend (device code): the BF16 decode matrix-vector kernel's (bf16_gemv.h)
+// streaming weight load and output epilogue.
 #pragma once
 #include <cstdint>
 

@@ -4,8 +4,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <vector>
-
 #include "backends/cuda/bf16_gemm.h"
 #include "backends/cuda/bf16_gemv.h"
 #include "backends/cuda/cublaslt_matmul.h"
@@ -76,9 +74,8 @@ void lt_gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias
   detail::lt_matmul(mm, stream);
 }
 
-// The same, at decode M by the fastest (timed once per problem, path_choice.h) of cuBLASLt and
-// our matrix-vector kernels that take the problem (bf16_gemv.h); LOCUS_BF16_GEMV=0 leaves it to
-// cuBLASLt.
+// The same, at decode M by the faster (timed once per problem, path_choice.h) of cuBLASLt and
+// our matrix-vector kernel (bf16_gemv.h); LOCUS_BF16_GEMV=0 leaves it to cuBLASLt.
 void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, bool bias_f32, void* y, int64_t ldy,
                bool y_f32, cudaStream_t stream) {
   detail::Bf16GemvArgs g;
@@ -95,17 +92,14 @@ void gemm_into(const Tensor& x, const detail::Bf16Weight& w, const void* bias, b
   g.m = x.size(0);
   g.n = w.n;
   g.k = x.size(1);
-  std::vector<detail::PathCall> paths = {
-      [&](cudaStream_t s) { lt_gemm_into(x, w, bias, bias_f32, y, ldy, y_f32, s); }};
-  if (detail::bf16_gemv_enabled()) {
-    if (detail::bf16_gemv_eligible(g)) paths.push_back([&](cudaStream_t s) { detail::launch_bf16_gemv(g, s); });
-    if (detail::bf16_gemv_mma_eligible(g)) paths.push_back([&](cudaStream_t s) { detail::launch_bf16_gemv_mma(g, s); });
-  }
-  if (paths.size() == 1) {
-    paths[0](stream);
+  if (!detail::bf16_gemv_enabled() || !detail::bf16_gemv_eligible(g)) {
+    lt_gemm_into(x, w, bias, bias_f32, y, ldy, y_f32, stream);
     return;
   }
-  detail::run_fastest_path(detail::bf16_gemv_problem_key(g, stream), paths, stream);
+  detail::run_fastest_path(detail::bf16_gemv_problem_key(g, stream),
+                           {[&](cudaStream_t s) { lt_gemm_into(x, w, bias, bias_f32, y, ldy, y_f32, s); },
+                            [&](cudaStream_t s) { detail::launch_bf16_gemv(g, s); }},
+                           stream);
 }
 
 detail::Bf16Weight weight_of(const Tensor& w) { return {w.data_ptr(), w.stride(0), w.size(0), nullptr}; }
