@@ -4,7 +4,7 @@
 // lane keeps two batches of vectors in flight (the next batch is loaded before the current one
 // is multiplied), accumulates in fp32 and the sums are combined in a fixed order: lane partials
 // by a shuffle tree, then the slot's warps in index order.
-#include <algorithm>
+#include <string>
 
 #include "backends/cuda/bf16_gemv.h"
 #include "backends/cuda/bf16_gemv_device.cuh"
