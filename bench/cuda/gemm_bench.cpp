@@ -380,7 +380,8 @@ int main(int argc, char** argv) {
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
     std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |",
                   (long long)r.n, (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(),
-                  us(r.stream).c_str(), us(r.gemv).c_str(), us(r.ours).c_str(), r.cublas / r.ours, (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
+                  us(r.stream).c_str(), us(r.gemv).c_str(), us(r.ours).c_str(), r.cublas / r.ours,
+                  (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
     md += buf;
     if (r.fp4 > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f | %.0f |", us(r.fp4).c_str(), r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);

@@ -229,8 +229,8 @@ inline void print_step_breakdown(FILE* out, const StepBreakdown& b, const std::s
 }
 
 // The groups the decode-step breakdown uses: our NVFP4/BF16 streaming kernel, the other BF16
-// GEMMs (cuBLAS(Lt) and our decode matrix-vector kernel),
-// attention, MoE routing and combines, host<->device copies and memsets.
+// GEMMs (cuBLAS(Lt) and our decode matrix-vector kernel), attention, MoE routing and combines,
+// host<->device copies and memsets.
 inline std::vector<StepGroup> decode_step_groups() {
   return {{"streaming GEMM (NVFP4 experts and MLP)", {"stream_gemm"}},
           {"BF16 GEMM (cuBLAS(Lt), bf16_gemv)", {"nvjet", "cublas", "gemm", "bf16_gemv"}},

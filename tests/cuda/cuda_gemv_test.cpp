@@ -128,14 +128,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaBf16Gemv,
                                            GemvCase{3, 17000, 1536, DType::kBF16, 1, false},
                                            GemvCase{2, 9001, 192, DType::kBF16, 0, true}));
 
-TEST(CudaBf16GemvRules, RowsPerCtaFillTheGpuAndKeepAFewLoadsALane) {
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(7168, 16384, 132), 1);   // o_proj: 8 vectors a lane
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(24576, 1536, 132), 8);   // q_b
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(1536, 7168, 132), 2);    // q_a
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(576, 7168, 132), 1);     // kv_a: too few rows for 2
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(32, 7168, 132), 1);      // a router's gate
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(2200, 1024, 132), 4);
-  EXPECT_EQ(cuda::detail::bf16_gemv_rows_per_cta(1100, 4096, 132), 2);
+TEST(CudaBf16GemvRules, SlotsPerCtaFillTheGpuAndKeepAFewLoadsALane) {
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(7168, 16384, 132), 1);   // o_proj: 8 vectors a lane
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(24576, 1536, 132), 8);   // q_b
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(1536, 7168, 132), 2);    // q_a
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(576, 7168, 132), 1);     // kv_a: too few slots for 2
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(32, 7168, 132), 1);      // a router's gate
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(2200, 1024, 132), 4);
+  EXPECT_EQ(cuda::detail::bf16_gemv_slots_per_cta(1100, 4096, 132), 2);
 }
 
 TEST(CudaBf16GemvRules, TakesOnlyAlignedDecodeProblems) {

@@ -34,7 +34,7 @@ struct Bf16GemvArgs {
 bool bf16_gemv_eligible(const Bf16GemvArgs& a);
 // Row slots one CTA reduces (its 8 warps split K among them), for n slots of k on `sms` SMs:
 // enough CTAs to fill the GPU, each warp's part of a slot a few 16-byte loads per lane.
-int bf16_gemv_rows_per_cta(int64_t n, int64_t k, int sms);
+int bf16_gemv_slots_per_cta(int64_t n, int64_t k, int sms);
 // Rows a slot holds at m tokens: 2 from m = 2 on (one warp's activation loads serve both; their
 // cost per weight byte grows with m), else 1. LOCUS_BF16_GEMV_ROW_PAIRS=0: always 1.
 int bf16_gemv_rows_per_warp(int64_t m);

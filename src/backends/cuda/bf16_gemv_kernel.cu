@@ -16,7 +16,6 @@
 #include "backends/cuda/mma_fragments.cuh"
 #include "backends/cuda/stream_registry.h"
 #include "core/error.h"
-#include "core/float_convert.h"
 
 namespace locus::cuda::detail {
 namespace {
@@ -158,13 +157,13 @@ bool bf16_gemv_eligible(const Bf16GemvArgs& a) {
          (a.m == 1 || a.x_ld % 8 == 0) && aligned16(a.x) && aligned16(a.w) && a.n <= (int64_t{1} << 31) - 8;
 }
 
-int bf16_gemv_rows_per_cta(int64_t n, int64_t k, int sms) {
-  // About 8 vectors a lane: K * R / 2048 of them with R rows of 8 / R warps each.
-  int rows = 8;
-  while (rows > 1 && k * rows > 16384) rows /= 2;
-  // At least 4 CTAs an SM where the rows allow it (a small N splits its rows' K further).
-  while (rows > 1 && (n + rows - 1) / rows < 4 * static_cast<int64_t>(sms)) rows /= 2;
-  return rows;
+int bf16_gemv_slots_per_cta(int64_t n, int64_t k, int sms) {
+  // About 8 vectors a lane: K * R / 2048 of them with R slots of 8 / R warps each.
+  int slots = 8;
+  while (slots > 1 && k * slots > 16384) slots /= 2;
+  // At least 4 CTAs an SM where the slots allow it (a small N splits its slots' K further).
+  while (slots > 1 && (n + slots - 1) / slots < 4 * static_cast<int64_t>(sms)) slots /= 2;
+  return slots;
 }
 
 bool bf16_gemv_enabled() { return g_enabled.on(); }
@@ -184,7 +183,7 @@ void launch_bf16_gemv(const Bf16GemvArgs& a, cudaStream_t stream) {
   LOCUS_CUDA_CHECK(cudaGetDevice(&device));
   const int sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
   const int rw = bf16_gemv_rows_per_warp(a.m);
-  const int slots = bf16_gemv_rows_per_cta((a.n + rw - 1) / rw, a.k, sms);
+  const int slots = bf16_gemv_slots_per_cta((a.n + rw - 1) / rw, a.k, sms);
   switch (a.m * 2 + (rw == 2 ? 1 : 0)) {
     case 2: launch_for_m<1, 1>(a, slots, stream); break;
     case 4: launch_for_m<2, 1>(a, slots, stream); break;

@@ -18,9 +18,9 @@ bool device_available();
 
 void gemm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y, void* stream);
 // At decode M (<= 4 tokens) gemm, gemm_swiglu and the partitioned GEMMs' per-partition calls take
-// the faster, timed once per problem, of cuBLASLt and our matrix-vector kernel (bf16_gemv.h). This turns the
-// kernel off (cuBLASLt only) or on again for the calls that follow (benchmarks compare the two);
-// the default is on unless LOCUS_BF16_GEMV=0.
+// the faster, timed once per problem, of cuBLASLt and our matrix-vector kernel (bf16_gemv.h).
+// This turns the kernel off (cuBLASLt only) or on again for the calls that follow (benchmarks
+// compare the two); the default is on unless LOCUS_BF16_GEMV=0.
 void set_bf16_gemv_enabled(bool on);
 void gemm_swiglu(const Tensor& x, const Tensor& w_gate_up, const Tensor& y, void* stream);
 void swiglu(const Tensor& gate_up, const Tensor& y, void* stream);
