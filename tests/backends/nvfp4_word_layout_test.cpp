@@ -35,6 +35,26 @@ TEST(Nvfp4WordLayout, EveryPairOfCodesDecodesExactlyInEveryPosition) {
   }
 }
 
+// Full words: the other pairs' bits never reach a pair's bf16 bits (pair 3's multiply included).
+TEST(Nvfp4WordLayout, FullWordsDecodeExactly) {
+  uint32_t state = 12345u;
+  for (int trial = 0; trial < 20000; ++trial) {
+    uint8_t nib[8];
+    for (auto& n : nib) {
+      state = state * 1664525u + 1013904223u;
+      n = static_cast<uint8_t>(state >> 28);
+    }
+    const uint32_t w = nvfp4_pack_word(nib);
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t bits = nvfp4_word_pair_bits(w, p);
+      for (int h = 0; h < 2; ++h)
+        ASSERT_EQ(bf16_bits_to_f32(static_cast<uint16_t>(bits >> (16 * h))),
+                  std::ldexp(e2m1_to_f32(nib[2 * p + h]), -126))
+            << "word " << std::hex << w << std::dec << ", pair " << p << ", value " << h;
+    }
+  }
+}
+
 TEST(Nvfp4WordLayout, AllCodesSetFillTheWord) {
   uint8_t nib[8];
   for (auto& n : nib) n = 0xF;

@@ -14,9 +14,12 @@
 // bf16x2 register p, odd j: the high one). Each value is its e2m1 code: magnitude bits b0..b2
 // (m, e0, e1) and sign s. The kernel wants pair p as bf16x2 bits with b0..b2 at 6..8 and s at 15 (low
 // value), b0..b2 at 22..24 and s at 31 (high value), i.e. under the mask 0x81C081C0. Pair p is
-// stored rotated left by 6p (p < 3), so that it costs one rotate and one AND; pair 3 fills the
-// remaining bits: its b0 rotated left by 26, its b1, b2, s rotated left by 2 (nvfp4_word_pair_bits
-// below; no 4 rotations of that mask tile a 32-bit word, so one pair needs two).
+// stored rotated left by 3p (p < 3), so that it costs one rotate and one AND (none for p = 0).
+// Pair 3 fills the remaining bits 0, 1, 3, 4 (+ 16): kept by an AND, times 2^2 + 2^7 + 2^12 they
+// land on the mask with no carries (bit 0 -> 7, 1 -> 8, 3 -> 15, 4 -> 6, each + 16 for the high
+// value; the other images fall outside the mask or past bit 31), so it costs an AND, an integer
+// multiply and an AND (nvfp4_word_pair_bits below). No rotations or byte permutes of that mask
+// tile a word (tools/nvfp4_word_search.py), so one pair needs more than a shift and an AND.
 // Scales: one uint16 per (rt, c, lane) at element nvfp4_tile_index(rt, c, C)*32 + l: low byte for
 // row 16rt+g, high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
 // as S = ((e + 9) << 3) | m with v = 2^e (1 + m/8) (e in [-9, 8], subnormal e4m3 normalized), so
@@ -55,6 +58,9 @@ LOCUS_HD int64_t nvfp4_tile_index(int64_t rt, int64_t c, int64_t chunks) {
 }
 
 constexpr uint32_t kNvfp4PairMask = 0x81C081C0u;  // b0..b2 at 6..8 and s at 15, and the same + 16
+constexpr int kNvfp4PairRotation = 3;            // pair p < 3 is stored rotated left by 3p
+constexpr uint32_t kNvfp4LastPairBits = 0x001B001Bu;  // where pair 3 is stored
+constexpr uint32_t kNvfp4LastPairSpread = (1u << 2) | (1u << 7) | (1u << 12);  // moves it onto the mask
 
 LOCUS_HD uint32_t nvfp4_rotr(uint32_t w, int s) {
 #ifdef __CUDA_ARCH__
@@ -66,8 +72,15 @@ LOCUS_HD uint32_t nvfp4_rotr(uint32_t w, int s) {
 
 // Pair p of a layout word as bf16x2 bits (e2m1 * 2^-126 each, exact; see the top of this file).
 LOCUS_HD uint32_t nvfp4_word_pair_bits(uint32_t w, int p) {
-  if (p < 3) return nvfp4_rotr(w, 6 * p) & kNvfp4PairMask;
-  return (nvfp4_rotr(w, 26) & 0x00400040u) | (nvfp4_rotr(w, 2) & 0x81808180u);
+  if (p < 3) return nvfp4_rotr(w, kNvfp4PairRotation * p) & kNvfp4PairMask;
+  return ((w & kNvfp4LastPairBits) * kNvfp4LastPairSpread) & kNvfp4PairMask;  // 32-bit product, no carries
+}
+
+// Where pair 3 stores the bit that nvfp4_word_pair_bits puts at mask bit `target`.
+LOCUS_HD int nvfp4_last_pair_source(int target) {
+  const int low = target % 16;  // 6, 7, 8 or 15
+  const int source = low == 6 ? 4 : low == 7 ? 0 : low == 8 ? 1 : 3;
+  return source + (target >= 16 ? 16 : 0);
 }
 
 // The K order of the dequantized registers within a 64-K chunk. Lane t of a tile holds K values
@@ -90,8 +103,7 @@ inline uint32_t nvfp4_pack_word(const uint8_t (&nib)[8]) {
     for (int b = 0; b < 4; ++b) {
       if (!((nib[j] >> b) & 1)) continue;
       const int target = (b < 3 ? 6 + b : 15) + 16 * h;
-      const int rot = p < 3 ? 6 * p : (b == 0 ? 26 : 2);
-      w |= 1u << ((target + rot) % 32);
+      w |= 1u << (p < 3 ? (target + kNvfp4PairRotation * p) % 32 : nvfp4_last_pair_source(target));
     }
   }
   return w;
