@@ -7,8 +7,8 @@ lane's 128 bits (four words); the kernel then pays per pair one AND, plus what m
 under the mask. This script checks two things (about a minute):
 
 1. No "window" tiles the 128 bits: a rotation or funnel shift of two words, or a byte permute
-   (PRMT) of two words, each followed by the mask, cannot give all 16 pairs (so at least one pair
-   per word needs more than a shift and an AND).
+   (PRMT) of two words, each followed by the mask, cannot give all 16 pairs (so some pair needs
+   more than a shift and an AND; within one word no four moves tile it either).
 2. Which layouts decode three pairs of a word by rotations and the fourth by an AND, one integer
    multiply (several left shifts at once, no carries under the mask) and an AND.
 

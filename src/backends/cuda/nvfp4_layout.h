@@ -18,8 +18,8 @@
 // Pair 3 fills the remaining bits 0, 1, 3, 4 (+ 16): kept by an AND, times 2^2 + 2^7 + 2^12 they
 // land on the mask with no carries (bit 0 -> 7, 1 -> 8, 3 -> 15, 4 -> 6, each + 16 for the high
 // value; the other images fall outside the mask or past bit 31), so it costs an AND, an integer
-// multiply and an AND (nvfp4_word_pair_bits below). No rotations or byte permutes of that mask
-// tile a word (tools/nvfp4_word_search.py), so one pair needs more than a shift and an AND.
+// multiply and an AND (nvfp4_word_pair_bits below). No shifts or byte permutes of that mask tile
+// a lane's four words (tools/nvfp4_word_search.py), so some pair needs more than a shift and an AND.
 // Scales: one uint16 per (rt, c, lane) at element nvfp4_tile_index(rt, c, C)*32 + l: low byte for
 // row 16rt+g, high byte for row 16rt+g+8, both for block (64c+16t)/16. Each e4m3 scale v > 0 is re-encoded
 // as S = ((e + 9) << 3) | m with v = 2^e (1 + m/8) (e in [-9, 8], subnormal e4m3 normalized), so
