@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "core/float_convert.h"
 
@@ -37,13 +38,11 @@ TEST(Nvfp4WordLayout, EveryPairOfCodesDecodesExactlyInEveryPosition) {
 
 // Full words: the other pairs' bits never reach a pair's bf16 bits (pair 3's multiply included).
 TEST(Nvfp4WordLayout, FullWordsDecodeExactly) {
-  uint32_t state = 12345u;
+  std::mt19937 rng(12345);
+  std::uniform_int_distribution<int> code(0, 15);
   for (int trial = 0; trial < 20000; ++trial) {
     uint8_t nib[8];
-    for (auto& n : nib) {
-      state = state * 1664525u + 1013904223u;
-      n = static_cast<uint8_t>(state >> 28);
-    }
+    for (auto& n : nib) n = static_cast<uint8_t>(code(rng));
     const uint32_t w = nvfp4_pack_word(nib);
     for (int p = 0; p < 4; ++p) {
       const uint32_t bits = nvfp4_word_pair_bits(w, p);
