@@ -12,7 +12,10 @@
 //   part     ops::gemm_partitioned over 2 emulated locality domains (green-context SM
 //            partitions, one shard each in its domain's memory): a fork/join of one cuBLASLt call
 //            per partition stream (one domain-aware streaming launch instead for M <=
-//            LOCUS_STREAM_GEMM_BF16_MAX_M, 0 by default);
+//            LOCUS_STREAM_GEMM_BF16_MAX_M, 0 by default; at M <= 4 the faster, timed once, of
+//            that fork/join and the matrix-vector kernel's domain-aware launch);
+//   gemv part  that domain-aware launch alone (bf16_gemv.h, M <= 4);
+//   fork/join part  the fork/join alone (M <= 4);
 //   fp4      ops::nvfp4_gemm (the streaming kernel, or the wgmma kernel where nvfp4_use_wgmma
 //            says so, up to M = 64; dequantize + cuBLASLt above);
 //   fp4 mma  the same through the streaming (mma.sync) kernel, where fp4 takes the wgmma one;
@@ -55,6 +58,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/domain_table.h"
 #include "backends/cuda/nvfp4_wgmma.h"
 #include "backends/cuda/stream_gemm.h"
 #include "core/float_convert.h"
@@ -73,7 +77,7 @@ namespace {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, gemvpart = 0, forkjoinpart = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
 };
 
 // The matrix-vector kernel's arguments for y = x w^T (dense operands).
@@ -88,6 +92,19 @@ cuda::detail::Bf16GemvArgs gemv_args(const Tensor& x, const Tensor& w, const Ten
   a.m = x.size(0);
   a.n = w.size(0);
   a.k = x.size(1);
+  return a;
+}
+
+// The domain-aware launch's arguments for y = x [s0; s1]^T, shard d on partition stream d.
+cuda::detail::Bf16GemvDomainArgs gemv_domain_args(const Tensor& x, const Tensor& s0, const Tensor& s1, const Tensor& y,
+                                                  const std::vector<void*>& streams) {
+  cuda::detail::Bf16GemvDomainArgs a;
+  a.common = gemv_args(x, s0, y);
+  a.num_domains = 2;
+  a.sm_domain = cuda::detail::sm_domain_table(streams);
+  a.parts[0] = {s0.data_ptr(), s0.stride(0), s0.size(0), 0, 0};
+  a.parts[1] = {s1.data_ptr(), s1.stride(0), s1.size(0), s0.size(0), 1};
+  a.num_parts = 2;
   return a;
 }
 
@@ -272,6 +289,15 @@ int main(int argc, char** argv) {
         timer.add(&row.stream, R, [&](int r) { cuda::stream_gemm(x, w[r], {}, y, false, s); });
       timer.add(&row.ours, R, [&](int r) { cuda::gemm(x, w[r], {}, y, s); });
       timer.add(&row.part, R, [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
+      if (M <= cuda::detail::kBf16GemvMaxM) {
+        timer.add(&row.gemvpart, R, [&](int r) {
+          cuda::detail::launch_bf16_gemv_domains(gemv_domain_args(x, sh0[r], sh1[r], y, pstreams), s);
+        });
+        cuda::set_bf16_gemv_domains_enabled(false);
+        timer.add(&row.forkjoinpart, R,
+                  [&](int r) { ops::gemm_partitioned(x, {sh0[r], sh1[r]}, {}, y, slices, caller); });
+        cuda::set_bf16_gemv_domains_enabled(true);
+      }
       if (M <= 128) timer.add(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
       if (cuda::detail::nvfp4_use_wgmma(M, K) && M <= cuda::kNvfp4StreamMaxM) {  // the streaming kernel instead
         cuda::detail::set_nvfp4_wgmma_min_m(cuda::kNvfp4StreamMaxM + 1);
@@ -284,10 +310,10 @@ int main(int argc, char** argv) {
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
       std::printf("N=%6lld K=%6lld M=%5lld | cublas %8.1f | lt %8.1f | stream %8.1f | gemv %8.1f | ours %8.1f (%.2fx) "
-                  "%5.0f GB/s | part %8.1f (unpart/part %.2f)",
+                  "%5.0f GB/s | part %8.1f (unpart/part %.2f) | gemv part %8.1f | fork/join part %8.1f",
                   (long long)N, (long long)K, (long long)M, row.cublas * 1e6, row.lt * 1e6, row.stream * 1e6,
                   row.gemv * 1e6, row.ours * 1e6, row.cublas / row.ours, (wbytes + io) / row.ours * 1e-9, row.part * 1e6,
-                  row.ours / row.part);
+                  row.ours / row.part, row.gemvpart * 1e6, row.forkjoinpart * 1e6);
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
@@ -372,16 +398,17 @@ int main(int argc, char** argv) {
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
-        "unpart/part | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
+        "unpart/part | gemv part us | fork/join part us | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
         "unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
-    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f |",
+    std::snprintf(buf, sizeof buf, "| %lld | %lld | %lld | %s | %s | %s | %s | %s | %.2f | %.0f | %s | %.2f | %s | %s |",
                   (long long)r.n, (long long)r.k, (long long)r.m, us(r.cublas).c_str(), us(r.lt).c_str(),
                   us(r.stream).c_str(), us(r.gemv).c_str(), us(r.ours).c_str(), r.cublas / r.ours,
-                  (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part);
+                  (wb + io) / r.ours * 1e-9, us(r.part).c_str(), r.ours / r.part, us(r.gemvpart).c_str(),
+                  us(r.forkjoinpart).c_str());
     md += buf;
     if (r.fp4 > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f | %.0f |", us(r.fp4).c_str(), r.cublas / r.fp4, (fb + io) / r.fp4 * 1e-9);

@@ -147,6 +147,12 @@ std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices, const 
   return out;
 }
 
+// The origin of a fork/join that a CUDA path choice runs: the caller's stream, or the stream the
+// choice times its paths on (`native`).
+Stream origin_of(const Stream& caller, const Device& device, void* native) {
+  return native == caller.native ? caller : Stream{device, native};
+}
+
 #if defined(LOCUS_WITH_CUDA)
 // The single-launch locality-domain path (cuda_ops.h gemm_domains): taken for skinny activations
 // on CUDA, where one domain-aware kernel beats a fork/join of one launch per partition.
@@ -160,6 +166,17 @@ bool cuda_bf16_domains(const Tensor& x, const std::vector<Tensor>& shards, const
                        bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller) {
   if (!x.device().is_cuda() || x.size(0) > cuda::stream_gemm_bf16_max_m()) return false;
   return cuda::gemm_domains(x, shards, bias, y, swiglu, domain_slices(slices, caller), caller.native);
+}
+
+// The decode matrix-vector kernel's one-launch form, where it takes the problem and is timed
+// faster than `fork_join`.
+bool cuda_bf16_gemv_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y,
+                            bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller,
+                            const std::function<void(void*)>& fork_join) {
+  if (!x.device().is_cuda()) return false;
+  const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
+  return swiglu ? cuda::gemm_swiglu_partitioned_fastest(x, shards, y, domains, caller.native, fork_join)
+                : cuda::gemm_partitioned_fastest(x, shards, bias, y, domains, caller.native, fork_join);
 }
 
 bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias, const Tensor& y,
@@ -181,6 +198,10 @@ bool cuda_bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, cons
 #else
 bool cuda_bf16_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const Tensor&, bool,
                        const std::vector<PartitionSlice>&, const Stream&) {
+  return false;
+}
+bool cuda_bf16_gemv_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const Tensor&, bool,
+                            const std::vector<PartitionSlice>&, const Stream&, const std::function<void(void*)>&) {
   return false;
 }
 bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Tensor&, const Tensor&, bool,
@@ -236,11 +257,17 @@ void gemm_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const 
   for (size_t p = 0; p < slices.size(); ++p) check_dense_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));  // validates the shape before the fork
   if (cuda_bf16_domains(x, shards, bias, y, false, slices, caller)) return;
-  const std::vector<Stream> streams = streams_of(slices, caller);
-  run_partitioned(caller, streams, [&](int p) {
-    const PartitionSlice& s = slices[p];
-    gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
-  });
+  // The fork/join from an origin stream: the caller's, or the one the CUDA path choice times on.
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) {
+      const PartitionSlice& s = slices[p];
+      gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
+    });
+  };
+  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
+  if (cuda_bf16_gemv_domains(x, shards, bias, y, false, slices, caller, fork_join_from)) return;
+  fork_join(caller);
 }
 
 void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& y,
@@ -252,11 +279,16 @@ void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards,
     check_dense_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));  // [gate rows; up rows]
   }
   if (cuda_bf16_domains(x, shards, Tensor(), y, true, slices, caller)) return;
-  const std::vector<Stream> streams = streams_of(slices, caller);
-  run_partitioned(caller, streams, [&](int p) {
-    const PartitionSlice& s = slices[p];
-    gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
-  });
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) {
+      const PartitionSlice& s = slices[p];
+      gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
+    });
+  };
+  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
+  if (cuda_bf16_gemv_domains(x, shards, Tensor(), y, true, slices, caller, fork_join_from)) return;
+  fork_join(caller);
 }
 
 void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias,
@@ -316,7 +348,7 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
       bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
     });
   };
-  auto fork_join_from = [&](void* native) { fork_join(native == caller.native ? caller : Stream{a.device(), native}); };
+  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, a.device(), native)); };
   if (cuda_bmm_domains(a, b_shards, y, slices, caller, fork_join_from)) return;
   fork_join(caller);
 }

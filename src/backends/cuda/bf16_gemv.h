@@ -51,4 +51,40 @@ bool bf16_gemv_enabled();
 // strides, output and bias types, alpha, the SMs of a partition stream).
 std::string bf16_gemv_problem_key(const Bf16GemvArgs& a, cudaStream_t stream);
 
+// ---- the domain-aware form: a partitioned GEMM's shards in ONE launch (gemm_partitioned) ----
+
+constexpr int kBf16GemvMaxParts = 8;
+constexpr int kBf16GemvMaxDomains = 8;
+
+// One shard: `rows` weight rows (row stride w_ld) that produce output columns [col0, col0 + rows),
+// owned by domain `domain`.
+struct Bf16GemvPart {
+  const void* w = nullptr;
+  int64_t w_ld = 0, rows = 0, col0 = 0;
+  int32_t domain = 0;
+};
+
+// The shards' product into one output: `common` holds x, the bias (indexed by output column),
+// alpha, y (column 0), its leading dimension and type, m and k (its w, w_ld and n are unused).
+// sm_domain: the %smid -> domain table of the partitions (domain_table.h); nullptr makes every
+// SM domain 0 (the others' work is then taken by stealing).
+struct Bf16GemvDomainArgs {
+  Bf16GemvArgs common;
+  Bf16GemvPart parts[kBf16GemvMaxParts];
+  int32_t num_parts = 0, num_domains = 1;
+  const uint8_t* sm_domain = nullptr;
+};
+
+// Whether the domain-aware kernel takes the problem: what bf16_gemv_eligible asks of each part,
+// 1..kBf16GemvMaxParts parts with domains below num_domains <= kBf16GemvMaxDomains.
+bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a);
+// Enqueues the product on `stream` as one launch: persistent CTAs take blocks of rows (the
+// one-weight kernel's blocks, so every output has the bits that kernel gives it at the same block
+// shape) from their SM's domain first, then from the others, through per-domain counters that
+// the launch leaves at zero (graph replays need no reset). The problem must be eligible.
+void launch_bf16_gemv_domains(const Bf16GemvDomainArgs& a, cudaStream_t stream);
+// The path choice's key: every part's shape and domain, the strides and types, whether there is
+// a table (the caller adds the domains' SM counts).
+std::string bf16_gemv_domains_problem_key(const Bf16GemvDomainArgs& a);
+
 }  // namespace locus::cuda::detail

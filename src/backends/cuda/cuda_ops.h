@@ -67,6 +67,24 @@ struct DomainSlice {
 // is [gate rows; up rows] of its slice.
 bool gemm_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y, bool swiglu,
                   const std::vector<DomainSlice>& slices, void* caller);
+// The partitioned BF16 GEMM y = x w^T (+ bias) at decode M (1..4 tokens) where our matrix-vector
+// kernel's domain-aware form takes it (bf16_gemv.h: one launch, each CTA on its SM's domain's
+// shards first): by the faster of that launch and `fork_join` (the caller's fork/join of
+// per-partition cuda::gemm calls, from the origin stream it is given), timed once per problem
+// (path_choice.h). False, with nothing run, when the kernel does not take the operands, or
+// LOCUS_BF16_GEMV=0 or LOCUS_BF16_GEMV_DOMAINS=0.
+bool gemm_partitioned_fastest(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y,
+                              const std::vector<DomainSlice>& slices, void* caller,
+                              const std::function<void(void*)>& fork_join);
+// The same for the partitioned GEMM + SwiGLU (each shard [gate rows; up rows] of its slice, at
+// most 4 shards): the launch writes fp32 gate/up sums to scratch, one SwiGLU kernel rounds them
+// into y.
+bool gemm_swiglu_partitioned_fastest(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& y,
+                                     const std::vector<DomainSlice>& slices, void* caller,
+                                     const std::function<void(void*)>& fork_join);
+// Turns the one-launch form of the two above off (always the fork/join) or on again for the
+// calls that follow (benchmarks time the fork/join alone); on unless LOCUS_BF16_GEMV_DOMAINS=0.
+void set_bf16_gemv_domains_enabled(bool on);
 // BMM y[h] = a[h] b[h] (ops/bmm.h shapes) by the streaming kernel, for b a transposed view of
 // per-head [N, K] weights (stride(1) == 1) and M <= 32; false otherwise (nothing launched).
 bool stream_bmm(const Tensor& a, const Tensor& b, const Tensor& y, void* stream);

@@ -1,0 +1,138 @@
+// The BF16 decode matrix-vector kernel's domain-aware form (bf16_gemv.h): a partitioned GEMM's
+// shards in one launch. Persistent CTAs take blocks of rows (the one-weight kernel's blocks,
+// bf16_gemv_device.cuh) from their SM's domain first, then from the other domains, through the
+// per-domain counters of unit_queue.cuh; each block's outputs go straight into its shard's
+// columns of y. So a partitioned decode GEMM costs no fork/join: no second launch, and no join
+// behind the slower partition's last CTA.
+#include <algorithm>
+#include <string>
+
+#include "backends/cuda/bf16_gemv.h"
+#include "backends/cuda/bf16_gemv_device.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/stream_gemm.h"         // kNoDomain
+#include "backends/cuda/stream_gemm_launch.h"  // resident_ctas_per_sm
+#include "backends/cuda/stream_scratch.h"
+#include "backends/cuda/unit_queue.cuh"
+#include "core/error.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+static_assert(kBf16GemvMaxDomains <= 32, "UnitQueue keeps its refusals in a 32-bit mask");
+
+// Per-launch constants computed on the host. A domain's units are the blocks of its parts, part
+// after part; the fields UnitQueue reads come first.
+struct GemvDomainPlan {
+  unsigned* counters;  // [kBf16GemvMaxDomains], zero between launches
+  int32_t units[kBf16GemvMaxDomains];
+  int32_t total_ctas, static_first, counted;
+  int32_t part_first_unit[kBf16GemvMaxParts];  // the part's first block among its domain's units
+  int32_t part_units[kBf16GemvMaxParts];
+};
+
+// The rows of unit `unit` of `domain` (which has it), and which block of them it is.
+struct UnitRows {
+  GemvRows rows;
+  int64_t block;
+};
+__device__ __forceinline__ UnitRows unit_rows(const Bf16GemvDomainArgs& a, const GemvDomainPlan& pl, int domain,
+                                              int unit) {
+  int p = 0;
+  while (a.parts[p].domain != domain || unit >= pl.part_first_unit[p] + pl.part_units[p]) ++p;
+  const Bf16GemvPart& part = a.parts[p];
+  return {{static_cast<const uint16_t*>(part.w), part.w_ld, part.rows, part.col0}, unit - pl.part_first_unit[p]};
+}
+
+template <int M, int R, int RW>
+__global__ void __launch_bounds__(kGemvThreads)
+    bf16_gemv_domains_kernel(const __grid_constant__ Bf16GemvDomainArgs a, const __grid_constant__ GemvDomainPlan pl) {
+  __shared__ float partial[kGemvWarps][RW][M];
+  __shared__ int s_domain, s_unit;
+  launch_dependents();
+  // Which rows a CTA takes is known only from the counters, which the previous kernel on this
+  // stream may still be leaving at zero: nothing is read before it is done.
+  wait_for_previous_grid();
+  UnitQueue<GemvDomainPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
+  if (threadIdx.x == 0) q.first(&s_domain, &s_unit);
+  while (true) {
+    __syncthreads();  // the unit is published; the previous block's partial sums are read
+    const int domain = s_domain, unit = s_unit;
+    if (domain < 0) break;
+    // Thread 0 asks for its next unit now, so that the round trip overlaps this block.
+    int ahead = -1;
+    unsigned got = 0;
+    if (threadIdx.x == 0 && pl.counted && (ahead = q.next_domain()) >= 0) got = atomicAdd(pl.counters + ahead, 1u);
+    const UnitRows u = unit_rows(a, pl, domain, unit);
+    gemv_block<M, R, RW>(a.common, u.rows, u.block, partial, [] {});
+    if (threadIdx.x == 0) {
+      s_domain = -1;
+      if (ahead >= 0 && q.accept(ahead, got, &s_unit)) s_domain = ahead;
+      else q.take(&s_domain, &s_unit);
+    }
+  }
+}
+
+}  // namespace
+
+bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a) {
+  if (a.num_parts < 1 || a.num_parts > kBf16GemvMaxParts || a.num_domains < 1 || a.num_domains > kBf16GemvMaxDomains)
+    return false;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const Bf16GemvPart& p = a.parts[i];
+    Bf16GemvArgs one = a.common;
+    one.w = p.w;
+    one.w_ld = p.w_ld;
+    one.n = p.rows;
+    if (p.domain < 0 || p.domain >= a.num_domains || p.col0 < 0 || !bf16_gemv_eligible(one)) return false;
+  }
+  return true;
+}
+
+std::string bf16_gemv_domains_problem_key(const Bf16GemvDomainArgs& a) {
+  const Bf16GemvArgs& c = a.common;
+  const int bias = c.bias == nullptr ? 0 : c.bias_f32 ? 2 : 1;
+  std::string key = str("bf16_gemv_domains:", c.m, 'x', c.k, ':', c.x_ld, ',', c.y_ld, ':', c.y_f32, bias,
+                        c.alpha != nullptr, ":d", a.num_domains, a.sm_domain != nullptr);
+  for (int i = 0; i < a.num_parts; ++i)
+    key += str(':', a.parts[i].rows, '@', a.parts[i].domain, ',', a.parts[i].w_ld);
+  return key;
+}
+
+void launch_bf16_gemv_domains(const Bf16GemvDomainArgs& a, cudaStream_t stream) {
+  LOCUS_CHECK(bf16_gemv_domains_eligible(a), "launch_bf16_gemv_domains: the problem is not eligible");
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  const int sms = device_attribute(device, cudaDevAttrMultiProcessorCount);
+  const int rw = bf16_gemv_rows_per_warp(a.common.m);
+  int64_t rows = 0;
+  for (int i = 0; i < a.num_parts; ++i) rows += a.parts[i].rows;
+  const int slots = bf16_gemv_slots_per_cta((rows + rw - 1) / rw, a.common.k, sms);
+  const int64_t block_rows = static_cast<int64_t>(slots) * rw;
+  GemvDomainPlan pl{};
+  int64_t units = 0;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const Bf16GemvPart& p = a.parts[i];
+    pl.part_units[i] = static_cast<int32_t>((p.rows + block_rows - 1) / block_rows);
+    pl.part_first_unit[i] = pl.units[p.domain];
+    pl.units[p.domain] += pl.part_units[i];
+    units += pl.part_units[i];
+  }
+  cudaError_t err = cudaSuccess;
+  pl.counters = stream_scratch(stream, kBf16GemvMaxDomains, 1).counters;
+  dispatch_gemv_shape(a.common.m, rw, slots, [&]<int M, int R, int RW>() {
+    const void* kernel = reinterpret_cast<const void*>(bf16_gemv_domains_kernel<M, R, RW>);
+    const int per_sm = resident_ctas_per_sm(kernel, kernel, kGemvThreads, 0);
+    LOCUS_CHECK(per_sm >= 1, "launch_bf16_gemv_domains: no CTA fits an SM");
+    const int blocks = static_cast<int>(std::min<int64_t>(units, static_cast<int64_t>(per_sm) * sms));
+    pl.total_ctas = blocks;
+    pl.static_first = a.num_domains == 1 ? 1 : 0;  // then CTA b's first unit is unit b of domain 0
+    pl.counted = a.num_domains > 1 || units > blocks ? 1 : 0;
+    DependentLaunch launch(dim3(blocks), dim3(kGemvThreads), 0, stream, small_op_overlap());
+    err = cudaLaunchKernelEx(&launch.config, bf16_gemv_domains_kernel<M, R, RW>, a, pl);
+  });
+  LOCUS_CUDA_CHECK_NAMED(err, "bf16_gemv_domains_kernel launch failed");
+}
+
+}  // namespace locus::cuda::detail
