@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
         "unpart/part | gemv part us | fork/join part us | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
         "unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;

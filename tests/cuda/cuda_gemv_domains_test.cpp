@@ -143,7 +143,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Without a table every SM counts as domain 0, and with a table that puts every SM in domain 0
 // likewise: domain 1's rows are all stolen, and every output is still written once.
-TEST_F(CudaTwoDomains, GemvDomainWithoutSmsIsStolen) {
+TEST_F(CudaCallerStream, GemvDomainWithoutSmsIsStolen) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t M = 2, N = 2000, K = 1024, n0 = 700;
