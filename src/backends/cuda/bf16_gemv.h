@@ -83,8 +83,5 @@ bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a);
 // shape) from their SM's domain first, then from the others, through per-domain counters that
 // the launch leaves at zero (graph replays need no reset). The problem must be eligible.
 void launch_bf16_gemv_domains(const Bf16GemvDomainArgs& a, cudaStream_t stream);
-// The path choice's key: every part's shape and domain, the strides and types, whether there is
-// a table (the caller adds the domains' SM counts).
-std::string bf16_gemv_domains_problem_key(const Bf16GemvDomainArgs& a);
 
 }  // namespace locus::cuda::detail

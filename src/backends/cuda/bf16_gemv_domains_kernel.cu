@@ -5,7 +5,6 @@
 // columns of y. So a partitioned decode GEMM costs no fork/join: no second launch, and no join
 // behind the slower partition's last CTA.
 #include <algorithm>
-#include <string>
 
 #include "backends/cuda/bf16_gemv.h"
 #include "backends/cuda/bf16_gemv_device.cuh"
@@ -88,16 +87,6 @@ bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a) {
     if (p.domain < 0 || p.domain >= a.num_domains || p.col0 < 0 || !bf16_gemv_eligible(one)) return false;
   }
   return true;
-}
-
-std::string bf16_gemv_domains_problem_key(const Bf16GemvDomainArgs& a) {
-  const Bf16GemvArgs& c = a.common;
-  const int bias = c.bias == nullptr ? 0 : c.bias_f32 ? 2 : 1;
-  std::string key = str("bf16_gemv_domains:", c.m, 'x', c.k, ':', c.x_ld, ',', c.y_ld, ':', c.y_f32, bias,
-                        c.alpha != nullptr, ":d", a.num_domains, a.sm_domain != nullptr);
-  for (int i = 0; i < a.num_parts; ++i)
-    key += str(':', a.parts[i].rows, '@', a.parts[i].domain, ',', a.parts[i].w_ld);
-  return key;
 }
 
 void launch_bf16_gemv_domains(const Bf16GemvDomainArgs& a, cudaStream_t stream) {

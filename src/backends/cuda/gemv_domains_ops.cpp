@@ -24,6 +24,19 @@ bool on_device_rows(const Tensor& t, int device) {
   return t.defined() && t.device().is_cuda() && t.device().index == device && t.dim() == 2 && t.stride(1) == 1;
 }
 
+// What decides which path of the partitioned problem is faster: tokens, K, strides and types,
+// the parts' rows and domains, and the domains' SMs (none without a table).
+std::string problem_key(const detail::Bf16GemvDomainArgs& a, const int32_t* domain_sms) {
+  const detail::Bf16GemvArgs& c = a.common;
+  const int bias = c.bias == nullptr ? 0 : c.bias_f32 ? 2 : 1;
+  std::string key = str("bf16_gemv_domains:", c.m, 'x', c.k, ':', c.x_ld, ',', c.y_ld, ':', c.y_f32, bias,
+                        c.alpha != nullptr, ":d", a.num_domains);
+  for (int i = 0; i < a.num_parts; ++i)
+    key += str(':', a.parts[i].rows, '@', a.parts[i].domain, ',', a.parts[i].w_ld);
+  for (int d = 0; domain_sms != nullptr && d < a.num_domains; ++d) key += str(":sm", domain_sms[d]);
+  return key;
+}
+
 // The partitioned problem as launch arguments (the device made current); false where the kernel
 // does not take it (then the fork/join runs, and reports what is wrong with the operands). With
 // swiglu each shard is [gate rows; up rows] of its slice, two parts: gate row r makes column
@@ -70,13 +83,14 @@ bool domain_args(const Tensor& x, const std::vector<Tensor>& shards, const Tenso
     }
   }
   use_device(dev);
+  const int32_t* domain_sms = nullptr;
   if (streams.size() > 1) {
     const detail::DomainTables& t = detail::domain_tables(streams);
     a->num_domains = static_cast<int32_t>(streams.size());
     a->sm_domain = t.sm_domain;
-    for (int d = 0; d < a->num_domains; ++d) *key += str(":sm", t.domain_sms[d]);
+    domain_sms = t.domain_sms;
   }
-  *key = detail::bf16_gemv_domains_problem_key(*a) + *key;
+  *key = problem_key(*a, domain_sms);
   return detail::bf16_gemv_domains_eligible(*a);
 }
 
