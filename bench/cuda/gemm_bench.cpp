@@ -17,9 +17,15 @@
 //   gemv part  that domain-aware launch alone (bf16_gemv.h, M <= 4);
 //   fork/join part  the fork/join alone (M <= 4);
 //   fp4      ops::nvfp4_gemm (the streaming kernel, or the wgmma kernel where nvfp4_use_wgmma
-//            says so, up to M = 64; dequantize + cuBLASLt above);
+//            says so, up to M = 64, at M <= 16 the faster, timed once, of the streaming kernel
+//            and the NVFP4 matrix-vector kernel; dequantize + cuBLASLt above);
+//   fp4 stream  the streaming kernel alone (M <= 16);
+//   fp4 gemv  the NVFP4 matrix-vector kernel alone (nvfp4_gemv.h, M <= 16);
 //   fp4 mma  the same through the streaming (mma.sync) kernel, where fp4 takes the wgmma one;
-//   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch.
+//   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch
+//            of the streaming kernel (at M <= 16 the faster, timed once, of that and a fork/join
+//            of per-partition nvfp4_gemm calls);
+//   fp4part launch / fork/join  those two alone (M <= 16).
 // The BMM rows (MLA's absorbed products, H = 128) time plain cuBLAS (strided batched), the op
 // (cuda::bmm: cuBLASLt), the TMA-fed kernel (bmm_tma.h, M <= 64) with [N, K] and with [K, N]
 // weights, ops::bmm_partitioned over the 2 domains (the faster, timed once, of the kernel's
@@ -29,8 +35,10 @@
 // It prints ratios, achieved GB/s and the measured copy bandwidth. --sweep first times the
 // streaming kernels at M = 1, 16 and 32 under each work decomposition and CTA shape.
 //
-// usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm]
-//                        [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
+// --gemv-sweep first times the NVFP4 matrix-vector kernel at M = 1, 8 and 16 in each block shape.
+//
+// usage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--gemv-sweep] [--shape NxK]
+//                        [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]
 // (--copy-bandwidth: print the device line with the copy bandwidth, and stop. --shape: only that
 // N x K, in the sweep and the table; the BMM rows are skipped. --bmm: only the BMM rows.
 // --bmm-tuning: the TMA BMM's units per head, ring slots, dependent launch, L2 fetch size, CTAs
@@ -59,6 +67,7 @@
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/domain_table.h"
+#include "backends/cuda/nvfp4_gemv.h"
 #include "backends/cuda/nvfp4_wgmma.h"
 #include "backends/cuda/stream_gemm.h"
 #include "core/float_convert.h"
@@ -77,8 +86,25 @@ namespace {
 
 struct Row {
   int64_t n, k, m;
-  double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, gemvpart = 0, forkjoinpart = 0, fp4 = 0, fp4mma = 0, fp4part = 0;
+  double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, gemvpart = 0, forkjoinpart = 0, fp4 = 0, fp4stream = 0,
+         fp4gemv = 0, fp4mma = 0, fp4part = 0, fp4partlaunch = 0, fp4partfj = 0;
 };
+
+// The NVFP4 matrix-vector kernel's arguments for y = x w^T (w prepared for CUDA).
+cuda::detail::Nvfp4GemvArgs fp4_gemv_args(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y) {
+  cuda::detail::Nvfp4GemvArgs a;
+  a.x = x.data<uint16_t>();
+  a.x_ld = x.stride(0);
+  a.codes = w.packed.data<uint8_t>();
+  a.scales = w.scales.data<uint16_t>();
+  a.global_scale = cuda::nvfp4_global_scale_device(w);
+  a.y = y.data_ptr();
+  a.y_ld = y.stride(0);
+  a.m = x.size(0);
+  a.n = w.n;
+  a.k = x.size(1);
+  return a;
+}
 
 // The matrix-vector kernel's arguments for y = x w^T (dense operands).
 cuda::detail::Bf16GemvArgs gemv_args(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -120,13 +146,14 @@ std::string us(double seconds) {
 
 int main(int argc, char** argv) {
   std::string split = "backfill", out_path, only_shape, tuning_arg, m_list, bmm_tuning_arg;
-  bool quick = false, sweep = false, bmm_only = false, bandwidth_only = false;
+  bool quick = false, sweep = false, gemv_sweep = false, bmm_only = false, bandwidth_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--split" && i + 1 < argc) split = argv[++i];
     else if (a == "--quick") quick = true;
     else if (a == "--copy-bandwidth") bandwidth_only = true;
     else if (a == "--sweep") sweep = true;
+    else if (a == "--gemv-sweep") gemv_sweep = true;
     else if (a == "--bmm") bmm_only = true;
     else if (a == "--bmm-tuning" && i + 1 < argc) bmm_tuning_arg = argv[++i];
     else if (a == "--out" && i + 1 < argc) out_path = argv[++i];
@@ -134,7 +161,7 @@ int main(int argc, char** argv) {
     else if (a == "--tuning" && i + 1 < argc) tuning_arg = argv[++i];
     else if (a == "--m" && i + 1 < argc) m_list = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
+      std::fprintf(stderr, "unknown argument '%s'\nusage: cuda_gemm_bench [--copy-bandwidth] [--split backfill|aligned] [--quick] [--sweep] [--gemv-sweep] [--shape NxK] [--bmm] [--bmm-tuning S,R,P,L,C,E,B] [--m M1,M2,..] [--tuning U,W[,S[,P[,F[,T]]]]] [--out FILE]\n",
                    a.c_str());
       return 2;
     }
@@ -188,7 +215,49 @@ int main(int argc, char** argv) {
   cuda::detail::StreamGemmTuning table_tuning{};
   if (!tuning_arg.empty() && !parse_stream_tuning(tuning_arg, &table_tuning)) return 2;
 
+  if (gemv_sweep) {
+    // The NVFP4 matrix-vector kernel in each block shape, beside the streaming kernel.
+    std::mt19937_64 srng(11);
+    const std::vector<cuda::detail::Nvfp4GemvShape> gemv_shapes = {{1, 1}, {1, 2}, {1, 4}, {1, 8},
+                                                                  {2, 1}, {2, 2}, {2, 4}, {2, 8}};
+    std::printf("\nNVFP4 matrix-vector kernel sweep (us per call; tTwW: T tiles a warp, W warps a slot; heur: the built-in "
+                "shape; stream: the streaming kernel)\n%-22s %7s %7s", "shape", "stream", "heur");
+    for (const auto& g : gemv_shapes) std::printf("    t%dw%d", g.tiles_per_warp, g.warps_per_slot);
+    std::printf("\n");
+    for (auto [N, K] : shapes) {
+      const int R = rotating_copies(double(N) * K * 0.5625, 32);
+      std::vector<ops::Nvfp4Weight> f(R);
+      ops::Nvfp4Weight fbase = cuda::nvfp4_prepare(random_fp4_host(N, K, srng), 0, -1);
+      for (int r = 0; r < R; ++r) f[r] = cuda::nvfp4_clone(fbase, -1);
+      for (int64_t M : {1, 8, 16}) {
+        Tensor x = Tensor::empty({M, K}, DType::kBF16, Device::cuda(0));
+        fill_random_bf16(x, srng);
+        Tensor y = Tensor::empty({M, N}, DType::kBF16, Device::cuda(0));
+        std::printf("%5lldx%-5lld M=%-3lld    ", (long long)N, (long long)K, (long long)M);
+        auto time_calls = [&](const std::function<void(int)>& call) {
+          auto g = capture(s, [&] {
+            for (int r = 0; r < R; ++r) call(r);
+          });
+          return time_graph(g, s, R, 20) * 1e6;
+        };
+        cuda::set_nvfp4_gemv_enabled(false);
+        std::printf(" %7.1f", time_calls([&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); }));
+        cuda::set_nvfp4_gemv_enabled(true);
+        std::printf(" %7.1f", time_calls([&](int r) { cuda::detail::launch_nvfp4_gemv(fp4_gemv_args(x, f[r], y), s); }));
+        for (const auto& shape : gemv_shapes) {
+          cuda::detail::set_nvfp4_gemv_shape(shape);
+          std::printf(" %7.1f",
+                      time_calls([&](int r) { cuda::detail::launch_nvfp4_gemv(fp4_gemv_args(x, f[r], y), s); }));
+        }
+        cuda::detail::set_nvfp4_gemv_shape({0, 0});
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+    }
+  }
+
   if (sweep) {
+    cuda::set_nvfp4_gemv_enabled(false);  // nvfp4_gemm below: the streaming kernel
     // The streaming kernel's stream-K cut: units per resident CTA.
     std::mt19937_64 srng(7);
     std::printf("\nsplit sweep (us per call; columns: heuristic; whole rows, stream-K with 1 and 2 units per resident CTA "
@@ -235,6 +304,7 @@ int main(int argc, char** argv) {
         }
       }
     }
+    cuda::set_nvfp4_gemv_enabled(true);
   }
   cuda::detail::set_stream_gemm_tuning(table_tuning);
 
@@ -299,6 +369,13 @@ int main(int argc, char** argv) {
         cuda::set_bf16_gemv_domains_enabled(true);
       }
       if (M <= 128) timer.add(&row.fp4, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+      if (M <= cuda::detail::kNvfp4GemvMaxM) {
+        cuda::set_nvfp4_gemv_enabled(false);
+        timer.add(&row.fp4stream, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
+        cuda::set_nvfp4_gemv_enabled(true);
+        timer.add(&row.fp4gemv, RF,
+                  [&](int r) { cuda::detail::launch_nvfp4_gemv(fp4_gemv_args(x, f[r], y), s); });
+      }
       if (cuda::detail::nvfp4_use_wgmma(M, K) && M <= cuda::kNvfp4StreamMaxM) {  // the streaming kernel instead
         cuda::detail::set_nvfp4_wgmma_min_m(cuda::kNvfp4StreamMaxM + 1);
         timer.add(&row.fp4mma, RF, [&](int r) { cuda::nvfp4_gemm(x, f[r], {}, y, s); });
@@ -306,6 +383,15 @@ int main(int argc, char** argv) {
       }
       if (M <= cuda::kNvfp4StreamMaxM)
         timer.add(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+      if (M <= cuda::detail::kNvfp4GemvMaxM) {
+        cuda::set_nvfp4_gemv_enabled(false);  // the streaming kernel's one launch
+        timer.add(&row.fp4partlaunch, RF,
+                  [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        cuda::set_nvfp4_gemv_enabled(true);
+        cuda::detail::set_nvfp4_gemv_always(true);  // the fork/join of matrix-vector launches
+        timer.add(&row.fp4partfj, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        cuda::detail::set_nvfp4_gemv_always(false);
+      }
       timer.run(reps);
       rows.push_back(row);
       const double io = double(M) * K * 2 + double(M) * N * 2;
@@ -317,8 +403,13 @@ int main(int argc, char** argv) {
       if (row.fp4 > 0)
         std::printf(" | fp4 %7.1f (%.2fx vs cublas) %5.0f GB/s", row.fp4 * 1e6, row.cublas / row.fp4,
                     (fbytes + io) / row.fp4 * 1e-9);
+      if (row.fp4gemv > 0)
+        std::printf(" | fp4 stream %7.1f | fp4 gemv %7.1f (%.2fx vs cublas)", row.fp4stream * 1e6, row.fp4gemv * 1e6,
+                    row.cublas / row.fp4gemv);
       if (row.fp4mma > 0) std::printf(" | fp4 mma.sync %7.1f (%.2fx)", row.fp4mma * 1e6, row.cublas / row.fp4mma);
       if (row.fp4part > 0) std::printf(" | fp4part %7.1f (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
+      if (row.fp4partfj > 0)
+        std::printf(" | fp4part launch %7.1f, fork/join %7.1f", row.fp4partlaunch * 1e6, row.fp4partfj * 1e6);
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -398,9 +489,10 @@ int main(int argc, char** argv) {
                 info.name.c_str(), info.sm_count, split.c_str(), parts[0].sm_count, parts[1].sm_count, bw * 1e-9);
   md += buf;
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
-        "unpart/part | gemv part us | fork/join part us | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | "
-        "unpart/part |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "unpart/part | gemv part us | fork/join part us | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 stream us | "
+        "NVFP4 gemv us | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | unpart/part | NVFP4 part launch us | "
+        "NVFP4 part fork/join us |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
@@ -416,6 +508,8 @@ int main(int argc, char** argv) {
     } else {
       md += " - | - | - |";
     }
+    std::snprintf(buf, sizeof buf, " %s | %s |", us(r.fp4stream).c_str(), us(r.fp4gemv).c_str());
+    md += buf;
     if (r.fp4mma > 0) {
       std::snprintf(buf, sizeof buf, " %s | %.2f |", us(r.fp4mma).c_str(), r.cublas / r.fp4mma);
       md += buf;
@@ -423,11 +517,13 @@ int main(int argc, char** argv) {
       md += " - | - |";
     }
     if (r.fp4part > 0) {
-      std::snprintf(buf, sizeof buf, " %s | %.2f |\n", us(r.fp4part).c_str(), r.fp4 / r.fp4part);
+      std::snprintf(buf, sizeof buf, " %s | %.2f |", us(r.fp4part).c_str(), r.fp4 / r.fp4part);
       md += buf;
     } else {
-      md += " - | - |\n";
+      md += " - | - |";
     }
+    std::snprintf(buf, sizeof buf, " %s | %s |\n", us(r.fp4partlaunch).c_str(), us(r.fp4partfj).c_str());
+    md += buf;
   }
   md += bmm_md;
   std::printf("\n%s", md.c_str());

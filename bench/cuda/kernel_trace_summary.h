@@ -228,11 +228,12 @@ inline void print_step_breakdown(FILE* out, const StepBreakdown& b, const std::s
   std::fprintf(out, "| idle | %.1f |\n", b.idle_us);
 }
 
-// The groups the decode-step breakdown uses: our NVFP4/BF16 streaming kernel, the other BF16
-// GEMMs (cuBLAS(Lt) and our decode matrix-vector kernel), attention, MoE routing and combines,
-// host<->device copies and memsets.
+// The groups the decode-step breakdown uses: our NVFP4 GEMMs (the streaming kernel, also BF16
+// where it runs, and the NVFP4 matrix-vector kernel), the other BF16 GEMMs (cuBLAS(Lt) and our
+// BF16 matrix-vector kernel), attention, MoE routing and combines, host<->device copies and
+// memsets.
 inline std::vector<StepGroup> decode_step_groups() {
-  return {{"streaming GEMM (NVFP4 experts and MLP)", {"stream_gemm"}},
+  return {{"NVFP4 GEMM (experts and MLP: stream_gemm, nvfp4_gemv)", {"stream_gemm", "nvfp4_gemv"}},
           {"BF16 GEMM (cuBLAS(Lt), bf16_gemv)", {"nvjet", "cublas", "gemm", "bf16_gemv"}},
           {"attention", {"attn_"}},
           {"MoE routing and combine", {"moe_", "topk", "combine_kernel", "count_kernel", "scan_kernel", "gather"}},

@@ -1,5 +1,6 @@
-// Where the time of the NVFP4 GEMM at decode M goes: a timeline of the streaming kernel's CTAs
-// (stream_gemm.h), the kernel ops::nvfp4_gemm runs for M <= 16 and the one the 3x target is about.
+// Where the time of the streaming NVFP4 GEMM at decode M goes: a timeline of the streaming
+// kernel's CTAs (stream_gemm.h). ops::nvfp4_gemm at M <= 16 times it against the matrix-vector
+// kernel (nvfp4_gemv.h); here that kernel is switched off.
 //
 // For each N x K (DeepSeek-V3's) and M it captures a graph of R back-to-back cuda::nvfp4_gemm
 // calls over R rotating weights (> 240 MB, as cuda_gemm_bench does), times it (median of replays),
@@ -39,6 +40,7 @@ namespace cd = locus::cuda::detail;
 
 int main(int argc, char** argv) {
   std::string m_list = "1,8,16", only_shape;
+  cuda::set_nvfp4_gemv_enabled(false);  // the op below: the streaming kernel
   cd::StreamGemmTuning knobs{};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -179,10 +179,15 @@ bool cuda_bf16_gemv_domains(const Tensor& x, const std::vector<Tensor>& shards, 
                 : cuda::gemm_partitioned_fastest(x, shards, bias, y, domains, caller.native, fork_join);
 }
 
+// At decode M the faster, timed once, of the streaming kernel's one launch and `fork_join` (whose
+// per-partition ops time the matrix-vector kernel); above, that launch where it applies.
 bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias, const Tensor& y,
-                        bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller) {
+                        bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller,
+                        const std::function<void(void*)>& fork_join) {
   if (!x.device().is_cuda()) return false;
-  return cuda::nvfp4_gemm_domains(x, shards, bias, y, swiglu, domain_slices(slices, caller), caller.native);
+  const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
+  return cuda::nvfp4_gemm_partitioned_fastest(x, shards, bias, y, swiglu, domains, caller.native, fork_join) ||
+         cuda::nvfp4_gemm_domains(x, shards, bias, y, swiglu, domains, caller.native);
 }
 
 // The BMM's one-launch form, where one applies: the TMA kernel's (or the fork/join, if timed
@@ -205,7 +210,7 @@ bool cuda_bf16_gemv_domains(const Tensor&, const std::vector<Tensor>&, const Ten
   return false;
 }
 bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Tensor&, const Tensor&, bool,
-                        const std::vector<PartitionSlice>&, const Stream&) {
+                        const std::vector<PartitionSlice>&, const Stream&, const std::function<void(void*)>&) {
   return false;
 }
 bool cuda_bmm_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const std::vector<PartitionSlice>&,
@@ -298,12 +303,16 @@ void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& sha
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_nvfp4_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));
-  if (cuda_nvfp4_domains(x, shards, bias, y, false, slices, caller)) return;
-  const std::vector<Stream> streams = streams_of(slices, caller);
-  run_partitioned(caller, streams, [&](int p) {
-    const PartitionSlice& s = slices[p];
-    nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
-  });
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) {
+      const PartitionSlice& s = slices[p];
+      nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
+    });
+  };
+  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
+  if (cuda_nvfp4_domains(x, shards, bias, y, false, slices, caller, fork_join_from)) return;
+  fork_join(caller);
 }
 
 void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& y,
@@ -314,12 +323,16 @@ void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weigh
   for (size_t p = 0; p < slices.size(); ++p) {
     check_nvfp4_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));
   }
-  if (cuda_nvfp4_domains(x, shards, Tensor(), y, true, slices, caller)) return;
-  const std::vector<Stream> streams = streams_of(slices, caller);
-  run_partitioned(caller, streams, [&](int p) {
-    const PartitionSlice& s = slices[p];
-    nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
-  });
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) {
+      const PartitionSlice& s = slices[p];
+      nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
+    });
+  };
+  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
+  if (cuda_nvfp4_domains(x, shards, Tensor(), y, true, slices, caller, fork_join_from)) return;
+  fork_join(caller);
 }
 
 void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,

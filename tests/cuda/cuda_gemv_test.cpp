@@ -89,25 +89,7 @@ TEST_P(CudaBf16Gemv, MatchesFp64ReferenceInItsColumnsOnlyAndRepeatsItsBits) {
   for (const Kernel& kernel : kernels) {
     if (!kernel.takes) continue;
     SCOPED_TRACE(::testing::Message() << kernel.name);
-    y.fill_nan_();
-    kernel.launch(a, caller_);
-    const Tensor first = fetch(y);
-    EXPECT_LT(rel_error(first.slice(1, kLeft, kLeft + c.n).clone(), ref), tol);
-    for (const double v : to_doubles(first.slice(1, 0, kLeft).clone())) EXPECT_TRUE(std::isnan(v));
-    for (const double v : to_doubles(first.slice(1, kLeft + c.n, width).clone())) EXPECT_TRUE(std::isnan(v));
-
-    // A second call, then a graph of it replayed twice: the same bits each time.
-    kernel.launch(a, caller_);
-    EXPECT_TRUE(bitwise_equal(fetch(y), first));
-    y.fill_nan_();
-    cuda::Graph g;
-    g.begin_capture(caller_);
-    kernel.launch(a, caller_);
-    g.end_capture();
-    for (int replay = 0; replay < 2; ++replay) {
-      g.replay(caller_);
-      EXPECT_TRUE(bitwise_equal(fetch(y), first)) << "replay " << replay;
-    }
+    expect_slice_and_repeats(y, kLeft, c.n, ref, tol, [&](cudaStream_t s) { kernel.launch(a, s); }, caller_);
   }
 }
 

@@ -2,6 +2,8 @@
 // fp64 with its token's row and its expert's weight, tokens sharing experts, plain and SwiGLU, an
 // id out of range giving a zero row; then in a CUDA graph, replayed after the ids changed on the
 // device and after an in-place reload of one weight (the graph reads the new ids and weights).
+// Each on every path: as timed, the streaming kernel, and the matrix-vector kernel (nvfp4_gemv.h)
+// in its own block shape and in two forced ones.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -55,6 +57,20 @@ struct Indexed {
   }
 };
 
+struct PathCase {
+  Nvfp4Path path;
+  cuda::detail::Nvfp4GemvShape shape;
+};
+constexpr PathCase kPaths[] = {{Nvfp4Path::kTimed, {0, 0}},
+                               {Nvfp4Path::kStreaming, {0, 0}},
+                               {Nvfp4Path::kMatrixVector, {0, 0}},
+                               {Nvfp4Path::kMatrixVector, {1, 1}},
+                               {Nvfp4Path::kMatrixVector, {2, 8}}};
+::testing::Message path_message(const PathCase& p) {
+  return ::testing::Message() << nvfp4_path_name(p.path) << " " << p.shape.tiles_per_warp << "x"
+                              << p.shape.warps_per_slot;
+}
+
 Tensor device_ids(const std::vector<int32_t>& ids, int64_t choices) {
   Tensor t = Tensor::empty({static_cast<int64_t>(ids.size()) / choices, choices}, DType::kI32);
   std::memcpy(t.data_ptr(), ids.data(), ids.size() * sizeof(int32_t));
@@ -79,10 +95,15 @@ TEST(CudaNvfp4Indexed, EveryRowMatchesFp64WithItsExpert) {
     const Indexed in(c, seed);
     const std::vector<int32_t> ids = random_ids(c, rng);
     const DType out_dtype = c.swiglu ? DType::kBF16 : DType::kFP32;
-    Tensor y = poisoned_gpu({c.tokens * c.choices, c.n}, out_dtype);
-    ops::nvfp4_gemm_indexed(to_gpu(in.x), device_ids(ids, c.choices), *in.set, y, c.swiglu);
-    EXPECT_LT(rel_error(fetch(y), in.ref(c, ids)),
-              c.swiglu ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k));
+    const std::vector<double> want = in.ref(c, ids);
+    const Tensor xg = to_gpu(in.x), ids_gpu = device_ids(ids, c.choices);
+    for (const PathCase& p : kPaths) {
+      SCOPED_TRACE(path_message(p));
+      const ScopedNvfp4Path path(p.path, p.shape);
+      Tensor y = poisoned_gpu({c.tokens * c.choices, c.n}, out_dtype);
+      ops::nvfp4_gemm_indexed(xg, ids_gpu, *in.set, y, c.swiglu);
+      EXPECT_LT(rel_error(fetch(y), want), c.swiglu ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k));
+    }
   }
 }
 
@@ -109,18 +130,22 @@ TEST(CudaNvfp4Indexed, TwoProductsInOneLaunchMatchFp64) {
     const std::vector<int32_t> ids = random_ids(routed_case, rng);
     const int64_t R = c.tokens * c.choices, T = c.tokens;
     const DType out_dtype = c.swiglu ? DType::kBF16 : DType::kFP32;
-    Tensor y = poisoned_gpu({R + T, c.n}, out_dtype);
-    const Tensor xg = to_gpu(in.x);
-    ops::nvfp4_gemm_indexed({{xg, device_ids(ids, c.choices), &routed, y.slice(0, 0, R)},
-                             {xg, device_ids(std::vector<int32_t>(static_cast<size_t>(T), 0), 1), &shared, y.slice(0, R, R + T)}},
-                            c.swiglu);
+    const Tensor xg = to_gpu(in.x), routed_ids = device_ids(ids, c.choices),
+                 shared_ids = device_ids(std::vector<int32_t>(static_cast<size_t>(T), 0), 1);
     std::vector<double> want = in.ref(c, ids);  // the routed rows, then each token's row with the shared weight
     for (int64_t t = 0; t < T; ++t) {
       std::vector<double> r = ref_gemm_dense(in.x.slice(0, t, t + 1), dequant_ref(in.host.back()), c.swiglu ? 2 * c.n : c.n);
       if (c.swiglu) r = ref_swiglu(r, 1, c.n);
       want.insert(want.end(), r.begin(), r.end());
     }
-    EXPECT_LT(rel_error(fetch(y), want), c.swiglu ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k));
+    for (const PathCase& p : kPaths) {
+      SCOPED_TRACE(path_message(p));
+      const ScopedNvfp4Path path(p.path, p.shape);
+      Tensor y = poisoned_gpu({R + T, c.n}, out_dtype);
+      ops::nvfp4_gemm_indexed({{xg, routed_ids, &routed, y.slice(0, 0, R)}, {xg, shared_ids, &shared, y.slice(0, R, R + T)}},
+                              c.swiglu);
+      EXPECT_LT(rel_error(fetch(y), want), c.swiglu ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k));
+    }
   }
 }
 
@@ -131,16 +156,21 @@ TEST(CudaNvfp4Indexed, AnIdOutOfRangeGivesAZeroRow) {
   SCOPED_TRACE(seed);
   const Indexed in(c, seed);
   const std::vector<int32_t> ids = {0, 7, 2, -1, 1, 1};
-  Tensor y = poisoned_gpu({6, c.n}, DType::kFP32);
-  ops::nvfp4_gemm_indexed(to_gpu(in.x), device_ids(ids, c.choices), *in.set, y, false);
-  const Tensor got = fetch(y);
-  for (const int64_t bad : {1, 3})
-    for (double v : to_doubles(got.slice(0, bad, bad + 1))) EXPECT_EQ(v, 0.0) << "row " << bad;
-  EXPECT_LT(rel_error(got, in.ref(c, ids)), fp32_out_gemm_tolerance(c.k));
+  for (const PathCase& p : kPaths) {
+    SCOPED_TRACE(path_message(p));
+    const ScopedNvfp4Path path(p.path, p.shape);
+    Tensor y = poisoned_gpu({6, c.n}, DType::kFP32);
+    ops::nvfp4_gemm_indexed(to_gpu(in.x), device_ids(ids, c.choices), *in.set, y, false);
+    const Tensor got = fetch(y);
+    for (const int64_t bad : {1, 3})
+      for (double v : to_doubles(got.slice(0, bad, bad + 1))) EXPECT_EQ(v, 0.0) << "row " << bad;
+    EXPECT_LT(rel_error(got, in.ref(c, ids)), fp32_out_gemm_tolerance(c.k));
+  }
 }
 
-TEST(CudaNvfp4Indexed, AGraphReadsTheIdsAndWeightsOfEachReplay) {
-  LOCUS_REQUIRE_GPU();
+// A graph of the products replayed after new ids were written on the device, then after an
+// in-place reload of an expert, against fp64 each time.
+void check_graph_replays() {
   const IndexedCase c{5, 256, 512, 2, 4, true};
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(seed);
@@ -173,6 +203,15 @@ TEST(CudaNvfp4Indexed, AGraphReadsTheIdsAndWeightsOfEachReplay) {
     EXPECT_LT(rel_error(fetch(y), in.ref(c, ids)), bf16_gemm_tolerance(c.k));
   }
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST(CudaNvfp4Indexed, AGraphReadsTheIdsAndWeightsOfEachReplay) {
+  LOCUS_REQUIRE_GPU();
+  for (const PathCase& p : kPaths) {
+    SCOPED_TRACE(path_message(p));
+    const ScopedNvfp4Path path(p.path, p.shape);
+    check_graph_replays();
+  }
 }
 
 }  // namespace

@@ -85,6 +85,7 @@ TEST(CudaStreamGemm, OutsideItsRangeItLaunchesNothing) {
 
 TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   const uint64_t seed = fresh_seed();
   // Large enough that K is split over several units per tile (partials + ordered reduction).
   const int64_t M = 5, N = 1024, K = 7168;
@@ -106,6 +107,7 @@ TEST(CudaStreamGemm, RepeatedRunsAreBitIdentical) {
 // Both feeds (cp.async rings, TMA producer).
 TEST(CudaStreamGemm, TracedFormMatchesAndStampsInOrder) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
   namespace cd = cuda::detail;
@@ -155,6 +157,7 @@ TEST(CudaStreamGemm, TracedFormMatchesAndStampsInOrder) {
 // NVFP4 layers only on the TMA feed (its launches beside each other).
 TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
   const int64_t M = 4, D = 3072;
@@ -240,6 +243,7 @@ TEST(CudaStreamGemm, ChainedLaunchesReadThePreviousOutput) {
 // boundaries. (BF16 at M = 32 has no room for 8 warps: asked for, they run as 4.)
 TEST(CudaStreamGemm, EveryWorkDecompositionMatchesFp64) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   RestoreDefaultTuning restore;
   const uint64_t seed = fresh_seed();
   // 32768 x 1024: 512 rows, so that with whole rows as units (units -1) a CTA takes several and

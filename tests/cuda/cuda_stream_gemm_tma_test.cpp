@@ -67,6 +67,7 @@ TEST(CudaStreamGemmTmaTuning, WarpsAndStagesFollowTheFeed) {
 
 TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   const uint64_t seed = fresh_seed();
   // 200 rows: a partial last row group; 416 = 2 x 208: SwiGLU up rows start inside a storage
   // group; K = 1552 and 192: a K tail and rows of 3 chunks; 32768 x 1024: 512 rows, so that with
@@ -108,6 +109,7 @@ TEST(CudaStreamGemmTma, MatchesFp64UnderEveryDecomposition) {
 // in-place reload (global scale included) computes with the new weights.
 TEST(CudaStreamGemmTma, RepeatableCapturedAndReloadedInPlace) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   TmaFeed feed;
@@ -153,6 +155,7 @@ TEST(CudaStreamGemmTma, RepeatableCapturedAndReloadedInPlace) {
 // under the TMA feed's ring depth and consumer warps.
 TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t K = 1024, N = 512;
@@ -181,6 +184,7 @@ TEST(CudaStreamGemmTma, DeclinedProblemsRunTheRingKernel) {
 // cp.async kernel takes.
 TEST(CudaStreamGemmTma, StridedActivationsAndShortK) {
   LOCUS_REQUIRE_GPU();
+  const ScopedNvfp4Path streaming(Nvfp4Path::kStreaming);  // the ops at decode M: this kernel alone
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   TmaFeed feed;

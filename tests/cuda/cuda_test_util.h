@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "backends/cuda/cuda_device.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_gemv.h"
 #include "backends/cuda/stream_gemm.h"
 #include "ops/nvfp4.h"
 #include "test_util.h"
@@ -44,6 +46,29 @@ using DecodeAttentionFusedCombine = ScopedAttentionSetting<cuda::set_attention_d
 // Both kernels of decode attention, for tests that run each: the tensor-core one, then the
 // decode kernel at any key count (its key splits included).
 constexpr int64_t kTensorCoreAttention = 0, kDecodeKernelAttention = int64_t{1} << 40;
+
+// How the NVFP4 ops at decode M run while it lives: as timed (the faster of the streaming kernel
+// and the matrix-vector kernel), the streaming kernel alone, or the matrix-vector kernel alone (in
+// a forced block shape, or its own where the shape is {0, 0}).
+enum class Nvfp4Path { kTimed, kStreaming, kMatrixVector };
+class ScopedNvfp4Path {
+ public:
+  explicit ScopedNvfp4Path(Nvfp4Path path, cuda::detail::Nvfp4GemvShape shape = {0, 0}) {
+    cuda::set_nvfp4_gemv_enabled(path != Nvfp4Path::kStreaming);
+    cuda::detail::set_nvfp4_gemv_always(path == Nvfp4Path::kMatrixVector);
+    cuda::detail::set_nvfp4_gemv_shape(shape);
+  }
+  ~ScopedNvfp4Path() {
+    cuda::set_nvfp4_gemv_enabled(true);
+    cuda::detail::set_nvfp4_gemv_always(false);
+    cuda::detail::set_nvfp4_gemv_shape({0, 0});
+  }
+  ScopedNvfp4Path(const ScopedNvfp4Path&) = delete;
+  ScopedNvfp4Path& operator=(const ScopedNvfp4Path&) = delete;
+};
+inline const char* nvfp4_path_name(Nvfp4Path p) {
+  return p == Nvfp4Path::kTimed ? "as timed" : p == Nvfp4Path::kStreaming ? "streaming kernel" : "matrix-vector kernel";
+}
 
 inline Tensor to_gpu(const Tensor& t) { return t.to(Device::cuda(0)); }
 
@@ -198,5 +223,61 @@ class CudaTwoDomains : public CudaCallerStream {
   }
   std::vector<cuda::SmPartition> parts_;
 };
+
+// The columns of `out` outside [left, left + n) are all NaN (the poison a kernel must not touch).
+inline void expect_columns_around_poisoned(const Tensor& out, int64_t left, int64_t n) {
+  for (const double v : to_doubles(out.slice(1, 0, left).clone())) EXPECT_TRUE(std::isnan(v));
+  for (const double v : to_doubles(out.slice(1, left + n, out.size(1)).clone())) EXPECT_TRUE(std::isnan(v));
+}
+
+// A kernel writing columns [left, left + n) of the poisoned `y`: `launch` on `stream` matches
+// `ref` within `tol` there and leaves the other columns NaN; a second call, then a graph of it
+// replayed twice, give the same bits. Returns the first result.
+inline Tensor expect_slice_and_repeats(Tensor& y, int64_t left, int64_t n, const std::vector<double>& ref, double tol,
+                                       const std::function<void(cudaStream_t)>& launch, cudaStream_t stream) {
+  y.fill_nan_();
+  launch(stream);
+  const Tensor first = fetch(y);
+  EXPECT_LT(rel_error(first.slice(1, left, left + n).clone(), ref), tol);
+  expect_columns_around_poisoned(first, left, n);
+  launch(stream);
+  EXPECT_TRUE(bitwise_equal(fetch(y), first));
+  y.fill_nan_();
+  cuda::Graph g;
+  g.begin_capture(stream);
+  launch(stream);
+  g.end_capture();
+  for (int replay = 0; replay < 2; ++replay) {
+    g.replay(stream);
+    EXPECT_TRUE(bitwise_equal(fetch(y), first)) << "replay " << replay;
+  }
+  return first;
+}
+
+// An op whose path choice is timed on first use: `run` captured into a graph before any eager
+// call (a choice without an answer takes its first path untimed), then eagerly (as the timed
+// choice picks), then a graph captured after that, which must replay the eager bits. Each result
+// against `ref` within `tol`.
+inline void expect_captured_eager_and_graph(Tensor& y, const std::vector<double>& ref, double tol,
+                                            const std::function<void()>& run, cudaStream_t stream) {
+  y.fill_nan_();
+  cuda::Graph first;
+  first.begin_capture(stream);
+  run();
+  first.end_capture();
+  first.replay(stream);
+  EXPECT_LT(rel_error(fetch(y), ref), tol) << "captured before any eager call";
+  y.fill_nan_();
+  run();
+  const Tensor eager = fetch(y);
+  EXPECT_LT(rel_error(eager, ref), tol) << "eagerly, as chosen";
+  y.fill_nan_();
+  cuda::Graph chosen;
+  chosen.begin_capture(stream);
+  run();
+  chosen.end_capture();
+  chosen.replay(stream);
+  EXPECT_TRUE(bitwise_equal(fetch(y), eager)) << "a graph of the choice";
+}
 
 }  // namespace locus::testing

@@ -102,15 +102,16 @@ TEST(KernelTraceSummary, StepsChargeEachActivityTheTimeItAdds) {
   // Two steps of 20 us: embed [0, 2), BF16 GEMMs [2, 6) and [6, 10), a stream launch overlapping them
   // [8, 15) (adds 5), 3 us idle, a copy [18, 20); then the same from 20, and a third step that the
   // trace cuts off at 40.
-  auto step = [](uint64_t t0) {
+  // The NVFP4 launch is the streaming kernel in the first step, the matrix-vector kernel in the second.
+  auto step = [](uint64_t t0, const char* nvfp4) {
     return std::vector<TraceActivity>{{"embedding_kernel", t0, t0 + 2000},
                                       {"nvjet_sm90_tst", t0 + 2000, t0 + 6000},
                                       {"bf16_gemv_kernel<1, 1>", t0 + 6000, t0 + 10000},
-                                      {"stream_gemm_kernel<1>", t0 + 8000, t0 + 15000},
+                                      {nvfp4, t0 + 8000, t0 + 15000},
                                       {"[memcpy DtoH]", t0 + 18000, t0 + 20000}};
   };
-  std::vector<TraceActivity> acts = step(0);
-  for (const TraceActivity& a : step(20000)) acts.push_back(a);
+  std::vector<TraceActivity> acts = step(0, "stream_gemm_kernel<1>");
+  for (const TraceActivity& a : step(20000, "nvfp4_gemv_kernel<1, 2, 8, true, true>")) acts.push_back(a);
   acts.push_back({"embedding_kernel", 40000, 41000});
   const StepBreakdown b = step_breakdown(acts, "embedding_kernel", decode_step_groups());
   EXPECT_EQ(b.steps, 2);
@@ -122,7 +123,7 @@ TEST(KernelTraceSummary, StepsChargeEachActivityTheTimeItAdds) {
     by[label] = us;
     total += us;
   }
-  EXPECT_DOUBLE_EQ(by["streaming GEMM (NVFP4 experts and MLP)"], 5.0);
+  EXPECT_DOUBLE_EQ(by["NVFP4 GEMM (experts and MLP: stream_gemm, nvfp4_gemv)"], 5.0);
   EXPECT_DOUBLE_EQ(by["BF16 GEMM (cuBLAS(Lt), bf16_gemv)"], 8.0);
   EXPECT_DOUBLE_EQ(by["copies, uploads, memsets"], 2.0);
   EXPECT_DOUBLE_EQ(by["other"], 2.0);  // the embedding

@@ -44,6 +44,11 @@ const float* nvfp4_global_scale_device(const ops::Nvfp4Weight& tiled);
 constexpr int64_t kNvfp4StreamMaxM = 64;
 void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, void* stream);
 void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y, void* stream);
+// At decode M (<= 16 tokens) nvfp4_gemm and nvfp4_gemm_swiglu take the faster, timed once per
+// problem, of the streaming kernel and our NVFP4 matrix-vector kernel (nvfp4_gemv.h). This turns
+// the latter off or on again for the calls that follow; the default is on unless
+// LOCUS_NVFP4_GEMV=0.
+void set_nvfp4_gemv_enabled(bool on);
 
 // ---- the weight-streaming kernel (stream_gemm.h) and its single-launch locality-domain form ----
 // Largest M for which cuda::gemm / gemm_swiglu (and the partitioned BF16 ops) use the streaming
@@ -116,6 +121,14 @@ bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shard
 // a 16-row tile.
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                         const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller);
+// The partitioned NVFP4 GEMM (or GEMM + SwiGLU) at decode M (<= 16 tokens): the faster, timed
+// once per problem (path_choice.h), of the streaming kernel's one domain-aware launch
+// (nvfp4_gemm_domains) and `fork_join` (the caller's fork/join of per-partition nvfp4_gemm calls,
+// each of which times the matrix-vector kernel on its partition, from the origin stream it is
+// given). False, with nothing run, at larger M or with LOCUS_NVFP4_GEMV=0.
+bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                                    const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller,
+                                    const std::function<void(void*)>& fork_join);
 // ops::nvfp4_gemm_row_blocks's shared launches: blocks of one row count (at most 32, below the
 // wgmma kernel's range) go to the streaming kernel together, up to kStreamGemmMaxParts weights
 // per launch, each weight with its own activation and output rows. Returns the blocks with rows

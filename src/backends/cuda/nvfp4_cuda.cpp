@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_gemv.h"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_shuffle.h"
 
@@ -84,6 +85,46 @@ std::vector<DomainSlice> whole(const ops::Nvfp4Weight& w, bool swiglu, void* str
   return {DomainSlice{0, swiglu ? w.n / 2 : w.n, stream}};
 }
 
+// The weight-streaming kernel's launch of the product (stream_gemm.h, or the wgmma kernel where
+// that is chosen); false when it does not take it.
+bool streaming_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, bool swiglu,
+                    void* stream) {
+  return nvfp4_gemm_domains(x, {w}, bias, y, swiglu, whole(w, swiglu, stream), stream);
+}
+
+// At decode M, the faster of the streaming kernel and the matrix-vector kernel (nvfp4_gemv.h),
+// timed once per problem (path_choice.h); false, with nothing launched, where the matrix-vector
+// kernel does not take the problem or LOCUS_NVFP4_GEMV=0.
+bool decode_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, bool swiglu,
+                 void* stream) {
+  detail::Nvfp4GemvArgs g;
+  g.x = x.data<uint16_t>();
+  g.x_ld = x.stride(0);
+  g.codes = w.packed.data<uint8_t>();
+  g.scales = w.scales.data<uint16_t>();
+  g.global_scale = nvfp4_global_scale_device(w);
+  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  g.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
+  g.swiglu = swiglu;
+  g.y = y.data_ptr();
+  g.y_ld = y.stride(0);
+  g.y_f32 = y.dtype() == DType::kFP32;
+  g.m = x.size(0);
+  g.n = y.size(1);
+  g.k = x.size(1);
+  if (!detail::nvfp4_gemv_enabled() || !detail::nvfp4_gemv_eligible(g)) return false;
+  // The streaming kernel takes every problem the matrix-vector kernel does (M <= 16, K % 16 == 0,
+  // aligned rows; with SwiGLU up rows on a tile), so every path computes it.
+  detail::run_nvfp4_gemv_fastest(
+      g,
+      [&](cudaStream_t st) {
+        LOCUS_CHECK(streaming_gemm(x, w, bias, y, swiglu, st), "cuda::nvfp4_gemm: the streaming kernel refused M = ",
+                    g.m);
+      },
+      static_cast<cudaStream_t>(stream));
+  return true;
+}
+
 }  // namespace
 
 const float* nvfp4_global_scale_device(const ops::Nvfp4Weight& tiled) {
@@ -138,7 +179,7 @@ void nvfp4_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, 
   }
   if (x.size(0) == 0) return;
   use_device(x.device().index);
-  if (nvfp4_gemm_domains(x, {w}, bias, y, false, whole(w, false, stream), stream)) return;
+  if (decode_gemm(x, w, bias, y, false, stream) || streaming_gemm(x, w, bias, y, false, stream)) return;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DequantizedWeight dq(w, s);
   detail::bf16_gemm(x, dq.weight, bias, y, s);
@@ -153,8 +194,8 @@ void nvfp4_gemm_swiglu(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor&
   if (m == 0) return;
   use_device(x.device().index);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // Fused in the streaming kernel when the up rows start on a 16-row tile.
-  if (nvfp4_gemm_domains(x, {w}, Tensor(), y, true, whole(w, true, stream), stream)) return;
+  // Fused (in either kernel) when the up rows start on a 16-row tile.
+  if (decode_gemm(x, w, Tensor(), y, true, stream) || streaming_gemm(x, w, Tensor(), y, true, stream)) return;
   if (m <= kNvfp4StreamMaxM) {
     // Gate and up rows share a tile: fp32 [gate | up] products, then SwiGLU.
     float* gu = static_cast<float*>(scratch_alloc(static_cast<size_t>(m * w.n) * sizeof(float), s));

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <string>
@@ -11,9 +12,12 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/domain_table.h"
 #include "backends/cuda/env_settings.h"
+#include "backends/cuda/nvfp4_gemv.h"
 #include "backends/cuda/nvfp4_layout.h"
 #include "backends/cuda/nvfp4_wgmma.h"
+#include "backends/cuda/path_choice.h"
 #include "backends/cuda/stream_gemm.h"
+#include "backends/cuda/stream_registry.h"
 
 namespace locus::cuda {
 
@@ -239,6 +243,15 @@ void nvfp4_gemm_indexed(const std::vector<ops::Nvfp4IndexedProduct>& products, b
   StreamGemmArgs a = detail::stream_gemm_args(StreamWeight::kNVFP4, x0.slice(0, 0, 1), y0.slice(0, 0, 1), swiglu, Tensor());
   a.num_parts = static_cast<int32_t>(products.size());
   std::vector<Tensor> tables;  // alive until the launch is queued
+  // The same products for the matrix-vector kernel (nvfp4_gemv.h), timed against this launch.
+  detail::Nvfp4GemvArgs g;
+  g.swiglu = swiglu;
+  g.y = y0.data_ptr();
+  g.y_f32 = y0.dtype() == DType::kFP32;
+  g.m = 1;
+  g.n = y0.size(1);
+  g.k = x0.size(1);
+  g.num_indexed = static_cast<int32_t>(products.size());
   for (size_t i = 0; i < products.size(); ++i) {
     const ops::Nvfp4IndexedProduct& pr = products[i];
     const ops::Nvfp4Weight& w0 = *pr.set->weights()[0];
@@ -264,9 +277,19 @@ void nvfp4_gemm_indexed(const std::vector<ops::Nvfp4IndexedProduct>& products, b
     p.y_offset = static_cast<int64_t>((reinterpret_cast<uintptr_t>(pr.y.data_ptr()) -
                                        reinterpret_cast<uintptr_t>(y0.data_ptr())) / dtype_size(y0.dtype()));
     p.y_batch_stride = pr.y.stride(0);
+    g.indexed[i] = {p.weight_table, p.weight_ids, p.weight_count, p.batch, p.x_entry_div, p.x, p.x_batch_stride,
+                    p.y_offset, p.y_batch_stride};
   }
-  LOCUS_CHECK(launch_if_eligible(a, {}, false, x0.device().index, stream), op, ": the streaming kernel does not take x ",
-              x0.describe(), " (K % 16 == 0 and 16-byte aligned rows needed)");
+  auto streaming = [&](cudaStream_t s) {
+    LOCUS_CHECK(launch_if_eligible(a, {}, false, x0.device().index, s), op, ": the streaming kernel does not take x ",
+                x0.describe(), " (K % 16 == 0 and 16-byte aligned rows needed)");
+  };
+  if (detail::nvfp4_gemv_enabled() && detail::nvfp4_gemv_eligible(g)) {
+    use_device(x0.device().index);
+    detail::run_nvfp4_gemv_fastest(g, streaming, static_cast<cudaStream_t>(stream));
+    return;
+  }
+  streaming(static_cast<cudaStream_t>(stream));
 }
 
 int stream_gemm_bf16_max_m() { return bf16_max_m(); }
@@ -306,6 +329,31 @@ bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
   for (size_t p = 0; p < slices.size(); ++p)
     if (!bmm_part(a, b_shards[p], y, slices[p].n0, domain_of[p], &args.parts[p])) return false;
   return launch_if_eligible(args, streams, false, a.device().index, caller);
+}
+
+bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                                    const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller,
+                                    const std::function<void(void*)>& fork_join) {
+  if (!detail::nvfp4_gemv_enabled() || x.size(0) > detail::kNvfp4GemvMaxM || shards.size() != slices.size()) return false;
+  // What decides which path is faster: tokens, K, types, each shard's rows and its domain's SMs.
+  const int bias_kind = !bias.defined() ? 0 : bias.dtype() == DType::kFP32 ? 2 : 1;
+  std::string key = str("nvfp4_partitioned:", x.size(0), 'x', x.size(1), ':', x.stride(0), ',', y.stride(0), ':',
+                        y.dtype() == DType::kFP32, bias_kind, swiglu);
+  for (size_t p = 0; p < shards.size(); ++p)
+    key += str(':', shards[p].n, "@sm", detail::partition_stream_sm_count(slices[p].stream));
+  use_device(x.device().index);
+  if (detail::nvfp4_gemv_always()) {
+    fork_join(caller);
+    return true;
+  }
+  detail::run_fastest_path(key,
+                           {[&](cudaStream_t s) {
+                              // Where the one launch does not take the shards, this path is the fork/join too.
+                              if (!nvfp4_gemm_domains(x, shards, bias, y, swiglu, slices, s)) fork_join(s);
+                            },
+                            [&](cudaStream_t s) { fork_join(s); }},
+                           static_cast<cudaStream_t>(caller));
+  return true;
 }
 
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,

@@ -1,0 +1,113 @@
+// Internal to the CUDA backend: the NVFP4 weight-only GEMM for decode (M <= kNvfp4GemvMaxM
+// tokens) as a matrix-vector kernel: y[M, N] = x[M, K] W^T (+ bias, or SwiGLU of a fused gate/up
+// weight), W in the kCudaTiled layout (nvfp4_layout.h). At decode M the product is a stream of
+// weight bytes, so the kernel spends as few instructions per byte as it can: each lane loads its
+// own 16 bytes of a tile chunk straight into registers (the layout puts them in mma A-fragment
+// order), two batches in flight, dequantizes them exactly and multiplies on tensor cores
+// (mma.sync m16n8k16, tokens on the n side). No shared-memory ring, no stream-K units, no
+// workspace: a CTA of 8 warps owns a block of row tiles, its warps split K, and the sums are
+// added in one fixed order (the same bits on every call). The first weights are loaded before
+// the kernel waits for the previous one (programmatic dependent launch), except for products by
+// id, whose ids that kernel writes.
+// cuda::nvfp4_gemm / nvfp4_gemm_swiglu and the by-id products of a MoE decode
+// (nvfp4_gemm_indexed) time it against the streaming kernel (stream_gemm.h) once per problem
+// and keep the faster.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "backends/cuda/stream_gemm.h"  // StreamWeightRef
+
+namespace locus::cuda::detail {
+
+constexpr int64_t kNvfp4GemvMaxM = 16;
+constexpr int kNvfp4GemvMaxProducts = 8;
+
+// One by-id product of a launch (ops::nvfp4_gemm_indexed): entry b < entries is one token's row,
+// y row b (at y_offset + b y_ld elements of Nvfp4GemvArgs::y) = x row b / x_entry_div times
+// table[ids[b]]^T. The ids are read on the device after the previous kernel in the stream has
+// finished; an id outside [0, count) gives the entry a row of zeros.
+struct Nvfp4GemvIndexed {
+  const StreamWeightRef* table = nullptr;
+  const int32_t* ids = nullptr;
+  int32_t count = 0, entries = 0, x_entry_div = 1;
+  const uint16_t* x = nullptr;  // bf16 rows of K, 16-byte aligned, row stride x_ld (elements)
+  int64_t x_ld = 0;
+  int64_t y_offset = 0, y_ld = 0;
+};
+
+struct Nvfp4GemvArgs {
+  const uint16_t* x = nullptr;  // bf16 [m, k], rows 16-byte aligned, row stride x_ld (elements)
+  int64_t x_ld = 0;
+  const uint8_t* codes = nullptr;      // the prepared weight's codes (kCudaTiled)
+  const uint16_t* scales = nullptr;    // its scale codes
+  const float* global_scale = nullptr;  // device pointer (rewritten by in-place reloads)
+  const void* bias = nullptr;           // [n] bf16 or fp32 (bias_f32), or nullptr; not with SwiGLU
+  bool bias_f32 = false;
+  bool swiglu = false;  // the weight is [2n, k]: gate rows, then up rows from row n (n % 16 == 0)
+  void* y = nullptr;    // [m, n] bf16 or fp32 (y_f32), row stride y_ld
+  int64_t y_ld = 0;
+  bool y_f32 = false;
+  int64_t m = 0, n = 0, k = 0;  // n: output columns
+  // By-id products (num_indexed > 0): x, x_ld, codes, scales, global_scale and m are unused, every
+  // product has this n, k, SwiGLU and y type; no bias.
+  int32_t num_indexed = 0;
+  Nvfp4GemvIndexed indexed[kNvfp4GemvMaxProducts];
+};
+
+// Whether the kernel takes the problem: 1 <= m <= kNvfp4GemvMaxM, k a positive multiple of 16,
+// x's rows 16-byte aligned, with SwiGLU n a multiple of 16 (the up rows start on a tile); by-id
+// products: 1..kNvfp4GemvMaxProducts of them, each with entries and aligned rows.
+bool nvfp4_gemv_eligible(const Nvfp4GemvArgs& a);
+
+// The block shape a launch takes: `tiles_per_warp` 16-row tiles a warp streams side by side (they
+// share its activation loads; with SwiGLU always 2: a gate tile and its up tile) and
+// `warps_per_slot` warps that split K of one such slot (8 / warps_per_slot slots a CTA).
+struct Nvfp4GemvShape {
+  int tiles_per_warp = 1;
+  int warps_per_slot = 8;
+};
+// The shape a launch takes when none is given, for a problem on `sms` SMs. Candidates: per tile
+// count a warp (2, whose activation loads serve two tiles, and 1; SwiGLU: 2) the most warps a slot
+// whose CTAs are all resident at once (one wave: each CTA's warps stream at their own pace to the
+// end), and the many short CTAs of nvfp4_gemv_short_shape (waves that the block scheduler
+// balances). It takes the one whose waves are fullest (CTAs over resident CTAs, over whole waves;
+// a tie goes to two tiles a warp): the fastest shape, or within 7 % of it (4 % in all but 3 of
+// 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md). A forced shape
+// (set_nvfp4_gemv_shape) wins.
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms);
+// Warps split K so that each warp's part is about 8 tile chunks long (two batches in flight,
+// then two more).
+Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp);
+// Forces a shape for the launches that follow ({0, 0}: the built-in choice again), for benchmarks
+// and tests.
+void set_nvfp4_gemv_shape(Nvfp4GemvShape forced);
+
+// Enqueues the product on `stream` in `shape` (by default nvfp4_gemv_shape's); the problem must
+// be eligible.
+void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, cudaStream_t stream);
+void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape, cudaStream_t stream);
+
+// Runs, on `stream`, the faster (timed once per problem, path_choice.h) of `streaming` (the op's
+// launch of the streaming kernel, the untimed choice inside a capture) and the kernel. The
+// problem must be eligible.
+void run_nvfp4_gemv_fastest(const Nvfp4GemvArgs& a, const std::function<void(cudaStream_t)>& streaming,
+                            cudaStream_t stream);
+
+// While on, run_nvfp4_gemv_fastest launches the kernel (in nvfp4_gemv_shape's shape) without
+// timing or remembering anything: tests and benchmarks reach it through the ops so.
+// The partitioned NVFP4 ops then fork/join per-partition launches of it.
+void set_nvfp4_gemv_always(bool on);
+bool nvfp4_gemv_always();
+
+// Whether cuda::nvfp4_gemm may take the kernel (timed against the streaming kernel): on unless
+// LOCUS_NVFP4_GEMV=0; set_nvfp4_gemv_enabled (cuda_ops.h) overrides it.
+bool nvfp4_gemv_enabled();
+// The path choice's key: what decides which path is faster (shape, strides, types, SwiGLU, the
+// SMs of a partition stream).
+std::string nvfp4_gemv_problem_key(const Nvfp4GemvArgs& a, cudaStream_t stream);
+
+}  // namespace locus::cuda::detail

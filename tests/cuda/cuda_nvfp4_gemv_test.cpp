@@ -1,0 +1,306 @@
+// The NVFP4 decode matrix-vector kernel (nvfp4_gemv.h) against fp64 references of the dequantized
+// weight on random inputs: every token count up to 16 (one and two blocks of 8 tokens), each block
+// shape (1 or 2 tiles a warp, 1-8 warps a slot), K not a multiple of 64, N not a multiple of 16,
+// biases, SwiGLU, fp32 and bf16 outputs written as a column slice of a poisoned tensor (the columns
+// around it must stay poisoned); the same bits on a second call and from graph replays, and a
+// replay after an in-place reload computes with the new weights; the candidate block shapes;
+// cuda::nvfp4_gemm / nvfp4_gemm_swiglu, which time it against the streaming kernel at decode M,
+// from a graph, on each path; and the partitioned ops on two emulated domains.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nvfp4_gemv.h"
+#include "cuda_test_util.h"
+#include "ops/partitioned.h"
+
+namespace locus {
+namespace {
+
+using namespace locus::testing;
+using cuda::detail::Nvfp4GemvArgs;
+using cuda::detail::Nvfp4GemvShape;
+
+struct Fp4GemvCase {
+  int64_t m, n, k;  // n: output columns (SwiGLU: the weight has 2n rows)
+  DType out;
+  int bias;  // 0 none, 1 bf16, 2 fp32
+  bool swiglu;
+};
+
+// The output sits at columns [kLeft, kLeft + n) of a poisoned [m, n + kLeft + kRight] tensor.
+constexpr int64_t kLeft = 3, kRight = 5;
+
+std::vector<double> reference(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Fp4GemvCase& c) {
+  if (c.swiglu) return ref_swiglu(ref_gemm_dense(x, dequant_ref(w), 2 * c.n), c.m, c.n);
+  return ref_gemm_dense(x, dequant_ref(w), c.n, bias);
+}
+
+class CudaNvfp4Gemv : public CudaCallerStream, public ::testing::WithParamInterface<Fp4GemvCase> {};
+
+TEST_P(CudaNvfp4Gemv, EachBlockShapeMatchesFp64InItsColumnsOnlyAndRepeatsItsBits) {
+  const Fp4GemvCase c = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const ops::Nvfp4Weight w = random_nvfp4(c.swiglu ? 2 * c.n : c.n, c.k, seed);
+  const Tensor x = randn({c.m, c.k}, DType::kBF16, seed + 1);
+  Tensor bias;
+  if (c.bias) bias = randn({c.n}, c.bias == 1 ? DType::kBF16 : DType::kFP32, seed + 2);
+  const ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, -1);
+  const Tensor xg = to_gpu(x), bg = bias.defined() ? to_gpu(bias) : Tensor();
+  const int64_t width = c.n + kLeft + kRight;
+  Tensor y = poisoned_gpu({c.m, width}, c.out);
+
+  Nvfp4GemvArgs a;
+  a.x = xg.data<uint16_t>();
+  a.x_ld = c.k;
+  a.codes = wg.packed.data<uint8_t>();
+  a.scales = wg.scales.data<uint16_t>();
+  a.global_scale = cuda::nvfp4_global_scale_device(wg);
+  a.bias = bg.defined() ? bg.data_ptr() : nullptr;
+  a.bias_f32 = c.bias == 2;
+  a.swiglu = c.swiglu;
+  a.y = static_cast<char*>(y.data_ptr()) + kLeft * dtype_size(c.out);
+  a.y_ld = width;
+  a.y_f32 = c.out == DType::kFP32;
+  a.m = c.m;
+  a.n = c.n;
+  a.k = c.k;
+  ASSERT_TRUE(cuda::detail::nvfp4_gemv_eligible(a));
+
+  const std::vector<double> ref = reference(x, w, bias, c);
+  const double tol = c.out == DType::kBF16 ? bf16_gemm_tolerance(c.k) : fp32_out_gemm_tolerance(c.k);
+  for (const int tiles : {1, 2}) {
+    if (c.swiglu && tiles == 1) continue;  // SwiGLU always streams a gate tile with its up tile
+    for (const int warps : {1, 2, 4, 8}) {
+      SCOPED_TRACE(::testing::Message() << tiles << " tiles a warp, " << warps << " warps a slot");
+      const Nvfp4GemvShape shape{tiles, warps};
+      expect_slice_and_repeats(y, kLeft, c.n, ref, tol,
+                               [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv(a, shape, s); }, caller_);
+    }
+  }
+}
+
+// Token counts 1-16 (9-16: two blocks of 8); K from one 16-value block (most of a chunk padding)
+// to o_proj-like 16384, K % 64 != 0 (a lane's last block past K); N not a multiple of 16 (the
+// last tile's rows partly past N), a single tile, and a few hundred tiles.
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaNvfp4Gemv,
+                         ::testing::Values(Fp4GemvCase{1, 64, 64, DType::kBF16, 0, false},
+                                           Fp4GemvCase{1, 7, 16, DType::kFP32, 1, false},
+                                           Fp4GemvCase{2, 100, 1040, DType::kBF16, 2, false},
+                                           Fp4GemvCase{3, 129, 2000, DType::kFP32, 0, false},
+                                           Fp4GemvCase{4, 96, 7168, DType::kBF16, 1, false},
+                                           Fp4GemvCase{1, 300, 16384, DType::kBF16, 0, false},
+                                           Fp4GemvCase{8, 1100, 512, DType::kFP32, 2, false},
+                                           Fp4GemvCase{9, 272, 1536, DType::kBF16, 0, false},
+                                           Fp4GemvCase{16, 513, 208, DType::kFP32, 1, false},
+                                           Fp4GemvCase{13, 48, 4096, DType::kBF16, 0, false},
+                                           Fp4GemvCase{1, 64, 256, DType::kBF16, 0, true},
+                                           Fp4GemvCase{5, 48, 1040, DType::kBF16, 0, true},
+                                           Fp4GemvCase{16, 256, 2048, DType::kFP32, 0, true},
+                                           Fp4GemvCase{11, 16, 80, DType::kBF16, 0, true}));
+
+TEST(CudaNvfp4GemvRules, TakesOnlyAlignedDecodeProblems) {
+  alignas(16) static uint8_t codes[64];
+  alignas(16) static uint16_t buf[64];
+  const float scale = 1.f;
+  Nvfp4GemvArgs a;
+  a.x = buf;
+  a.codes = codes;
+  a.scales = buf;
+  a.global_scale = &scale;
+  a.m = 1;
+  a.n = 4;
+  a.k = 16;
+  a.x_ld = 16;
+  EXPECT_TRUE(cuda::detail::nvfp4_gemv_eligible(a));
+  Nvfp4GemvArgs b = a;
+  b.m = cuda::detail::kNvfp4GemvMaxM + 1;
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  b = a;
+  b.k = 24;  // not whole scale blocks
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  b = a;
+  b.x = buf + 1;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  b = a;
+  b.m = 2;
+  b.x_ld = 20;
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  b = a;
+  b.swiglu = true;  // 4 outputs: the up rows would not start on a tile
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  b.n = 16;
+  EXPECT_TRUE(cuda::detail::nvfp4_gemv_eligible(b));
+  b.bias = buf;  // SwiGLU has no bias
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+}
+
+TEST(CudaNvfp4GemvRules, ShortShapesSplitKIntoPartsOfAboutEightTileChunks) {
+  Nvfp4GemvArgs a;
+  a.k = 7168;  // 112 chunks
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 1).warps_per_slot, 8);
+  a.k = 2048;  // 32 chunks: 4 warps of 8
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 1).warps_per_slot, 4);
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 2).warps_per_slot, 8);  // two tiles: 4 chunks a warp
+  a.k = 1536;  // 24: 2 warps of 12
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 1).warps_per_slot, 2);
+  a.k = 512;  // 8: one warp
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 1).warps_per_slot, 1);
+}
+
+// On 132 SMs (3 resident CTAs an SM with one tile a warp and up to 8 tokens, else 2), the shape
+// whose waves are fullest, as the twenty-ninth session's sweep found fastest.
+TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
+  auto shape = [](int64_t m, int64_t n, int64_t k, bool swiglu, int entries) {
+    Nvfp4GemvArgs a;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.swiglu = swiglu;
+    if (entries > 0) {
+      a.num_indexed = 1;
+      a.indexed[0].entries = entries;
+    }
+    const Nvfp4GemvShape s = cuda::detail::nvfp4_gemv_shape(a, 132);
+    return std::make_pair(s.tiles_per_warp, s.warps_per_slot);
+  };
+  using P = std::pair<int, int>;
+  EXPECT_EQ(shape(1, 7168, 7168, false, 0), P(2, 8));   // 224 CTAs of 264
+  EXPECT_EQ(shape(1, 18432, 7168, false, 0), P(1, 8));  // 1152 short CTAs: 2.9 of 3 waves full
+  EXPECT_EQ(shape(1, 24576, 1536, false, 0), P(1, 2));  // 384 of 396
+  EXPECT_EQ(shape(1, 32768, 512, false, 0), P(2, 2));   // 256 of 264
+  EXPECT_EQ(shape(1, 7168, 2048, false, 0), P(2, 8));
+  EXPECT_EQ(shape(16, 18432, 7168, false, 0), P(1, 8));  // 2 CTAs an SM at 16 tokens: 4.4 of 5 waves
+  EXPECT_EQ(shape(16, 7168, 7168, false, 0), P(2, 8));   // a tie (224 of 264 against 448 of 528): two tiles
+  EXPECT_EQ(shape(16, 24576, 1536, false, 0), P(2, 2));  // the same (192 of 264 against 384 of 528)
+  EXPECT_EQ(shape(1, 2048, 7168, true, 9), P(2, 8));     // a MoE's gate/up by id, 9 entries: short CTAs
+  EXPECT_EQ(shape(1, 7168, 2048, false, 9), P(2, 1));    // its down projection: 252 CTAs of 264
+  cuda::detail::set_nvfp4_gemv_shape({1, 4});            // forced (SwiGLU keeps its 2 tiles)
+  EXPECT_EQ(shape(1, 7168, 7168, false, 0), P(1, 4));
+  EXPECT_EQ(shape(1, 2048, 7168, true, 0), P(2, 4));
+  cuda::detail::set_nvfp4_gemv_shape({0, 0});
+}
+
+// A graph of the kernel replayed after an in-place reload (nvfp4_prepare_into) computes with the
+// new codes, scales and global scale.
+TEST_F(CudaCallerStream, Nvfp4GemvReplayAfterInPlaceReloadUsesTheNewWeight) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t M = 2, N = 200, K = 1024;
+  const ops::Nvfp4Weight w1 = random_nvfp4(N, K, seed), w2 = random_nvfp4(N, K, seed + 5);
+  const Tensor x = randn({M, K}, DType::kBF16, seed + 1);
+  const ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w1, 0, -1);
+  const Tensor xg = to_gpu(x);
+  Tensor y = poisoned_gpu({M, N}, DType::kFP32);
+  Nvfp4GemvArgs a;
+  a.x = xg.data<uint16_t>();
+  a.x_ld = K;
+  a.codes = wg.packed.data<uint8_t>();
+  a.scales = wg.scales.data<uint16_t>();
+  a.global_scale = cuda::nvfp4_global_scale_device(wg);
+  a.y = y.data_ptr();
+  a.y_ld = N;
+  a.y_f32 = true;
+  a.m = M;
+  a.n = N;
+  a.k = K;
+  cuda::Graph g;
+  g.begin_capture(caller_);
+  cuda::detail::launch_nvfp4_gemv(a, caller_);
+  g.end_capture();
+  g.replay(caller_);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w1), N)), fp32_out_gemm_tolerance(K));
+  cuda::nvfp4_prepare_into(w2, wg);
+  y.fill_nan_();
+  g.replay(caller_);
+  EXPECT_LT(rel_error(fetch(y), ref_gemm_dense(x, dequant_ref(w2), N)), fp32_out_gemm_tolerance(K));
+}
+
+// cuda::nvfp4_gemm / nvfp4_gemm_swiglu at decode M time the kernel against the streaming kernel
+// once per problem; whichever they take, the result matches the reference, and a graph of the
+// call replays its bits. With the kernel switched off, the streaming kernel alone.
+TEST_F(CudaCallerStream, Nvfp4GemmAtDecodeMatchesFp64AndReplaysFromAGraph) {
+  for (const Nvfp4Path p : {Nvfp4Path::kTimed, Nvfp4Path::kStreaming, Nvfp4Path::kMatrixVector}) {
+    const ScopedNvfp4Path path(p);
+    for (const int64_t m : {1, 4, 16}) {
+      for (const bool swiglu : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "M " << m << (swiglu ? " SwiGLU, " : ", ") << nvfp4_path_name(p));
+        const uint64_t seed = fresh_seed();
+        SCOPED_TRACE(::testing::Message() << "seed " << seed);
+        const int64_t N = 256, K = 2048;
+        const ops::Nvfp4Weight w = random_nvfp4(swiglu ? 2 * N : N, K, seed);
+        const Tensor x = randn({m, K}, DType::kBF16, seed + 1);
+        const ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w, 0, -1);
+        const Tensor xg = to_gpu(x);
+        Tensor y = poisoned_gpu({m, N}, DType::kBF16);
+        auto call = [&] {
+          if (swiglu) cuda::nvfp4_gemm_swiglu(xg, wg, y, caller_);
+          else cuda::nvfp4_gemm(xg, wg, {}, y, caller_);
+        };
+        call();
+        const Tensor eager = fetch(y);
+        const std::vector<double> ref = swiglu ? ref_swiglu(ref_gemm_dense(x, dequant_ref(w), 2 * N), m, N)
+                                               : ref_gemm_dense(x, dequant_ref(w), N);
+        EXPECT_LT(rel_error(eager, ref), bf16_gemm_tolerance(K));
+        y.fill_nan_();
+        cuda::Graph g;
+        g.begin_capture(caller_);
+        call();
+        g.end_capture();
+        g.replay(caller_);
+        EXPECT_TRUE(bitwise_equal(fetch(y), eager));
+      }
+    }
+  }
+}
+
+// ops::nvfp4_gemm_partitioned and nvfp4_gemm_swiglu_partitioned on two emulated domains at decode
+// M: captured before any eager call (the untimed first path: the streaming kernel's one launch),
+// then eagerly as the timed choice picks (that launch, or the fork/join of per-partition ops that
+// time the matrix-vector kernel on their partition), then a graph of that choice, which replays
+// the eager bits; and with the matrix-vector kernel forced (the fork/join of its launches). Every
+// result against fp64.
+TEST_F(CudaTwoDomains, PartitionedNvfp4AtDecodeMatchesFp64OnEachPath) {
+  for (const Nvfp4Path p : {Nvfp4Path::kTimed, Nvfp4Path::kStreaming, Nvfp4Path::kMatrixVector}) {
+    const ScopedNvfp4Path path(p);
+    for (const int64_t m : {1, 3, 16}) {
+      for (const bool swiglu : {false, true}) {
+        const uint64_t seed = fresh_seed();
+        SCOPED_TRACE(::testing::Message() << "seed " << seed << " M " << m << (swiglu ? " SwiGLU, " : ", ")
+                                          << nvfp4_path_name(p));
+        const int64_t N = swiglu ? 640 : 1000, K = 1536, n0 = swiglu ? 256 : 512;  // N: output columns
+        // Shard d: its columns' rows (with SwiGLU its gate rows, then its up rows).
+        std::vector<ops::Nvfp4Weight> host = {random_nvfp4(swiglu ? 2 * n0 : n0, K, seed),
+                                              random_nvfp4(swiglu ? 2 * (N - n0) : N - n0, K, seed + 1)};
+        const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0),
+                                                      cuda::nvfp4_prepare(host[1], 0, 1)};
+        const Tensor x = randn({m, K}, DType::kBF16, seed + 2);
+        const Tensor bias = swiglu ? Tensor() : randn({N}, DType::kFP32, seed + 3);
+        const Tensor xg = to_gpu(x), bg = bias.defined() ? to_gpu(bias) : Tensor();
+        std::vector<double> ref(static_cast<size_t>(m * N));
+        const std::vector<double> b = bias.defined() ? to_doubles(bias) : std::vector<double>(static_cast<size_t>(N), 0.0);
+        for (int d = 0; d < 2; ++d) {
+          const int64_t c0 = d == 0 ? 0 : n0, cols = d == 0 ? n0 : N - n0;
+          std::vector<double> r = ref_gemm_dense(x, dequant_ref(host[d]), swiglu ? 2 * cols : cols);
+          if (swiglu) r = ref_swiglu(r, m, cols);
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t j = 0; j < cols; ++j)
+              ref[t * N + c0 + j] = r[t * cols + j] + b[c0 + j];
+        }
+        const std::vector<ops::PartitionSlice> slices = {{0, n0, Stream{Device::cuda(0), parts_[0].stream}},
+                                                         {n0, N, Stream{Device::cuda(0), parts_[1].stream}}};
+        Tensor y = poisoned_gpu({m, N}, DType::kBF16);
+        expect_captured_eager_and_graph(y, ref, bf16_gemm_tolerance(K), [&] {
+          if (swiglu) ops::nvfp4_gemm_swiglu_partitioned(xg, shards, y, slices, caller());
+          else ops::nvfp4_gemm_partitioned(xg, shards, bg, y, slices, caller());
+        }, caller_);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace locus
