@@ -125,7 +125,7 @@ bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& sh
 // once per problem (path_choice.h), of the streaming kernel's one domain-aware launch
 // (nvfp4_gemm_domains) and `fork_join` (the caller's fork/join of per-partition nvfp4_gemm calls,
 // each of which times the matrix-vector kernel on its partition, from the origin stream it is
-// given). False, with nothing run, at larger M or with LOCUS_NVFP4_GEMV=0.
+// given). False, with nothing run, at M = 0 or above 16, or with LOCUS_NVFP4_GEMV=0.
 bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                                     const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller,
                                     const std::function<void(void*)>& fork_join);

@@ -334,7 +334,9 @@ bool bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Ten
 bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                                     const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller,
                                     const std::function<void(void*)>& fork_join) {
-  if (!detail::nvfp4_gemv_enabled() || x.size(0) > detail::kNvfp4GemvMaxM || shards.size() != slices.size()) return false;
+  if (!detail::nvfp4_gemv_enabled() || x.size(0) < 1 || x.size(0) > detail::kNvfp4GemvMaxM ||
+      shards.size() != slices.size())
+    return false;
   // What decides which path is faster: tokens, K, types, each shard's rows and its domain's SMs.
   const int bias_kind = !bias.defined() ? 0 : bias.dtype() == DType::kFP32 ? 2 : 1;
   std::string key = str("nvfp4_partitioned:", x.size(0), 'x', x.size(1), ':', x.stride(0), ',', y.stride(0), ':',
