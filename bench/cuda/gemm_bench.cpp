@@ -92,18 +92,7 @@ struct Row {
 
 // The NVFP4 matrix-vector kernel's arguments for y = x w^T (w prepared for CUDA).
 cuda::detail::Nvfp4GemvArgs fp4_gemv_args(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& y) {
-  cuda::detail::Nvfp4GemvArgs a;
-  a.x = x.data<uint16_t>();
-  a.x_ld = x.stride(0);
-  a.codes = w.packed.data<uint8_t>();
-  a.scales = w.scales.data<uint16_t>();
-  a.global_scale = cuda::nvfp4_global_scale_device(w);
-  a.y = y.data_ptr();
-  a.y_ld = y.stride(0);
-  a.m = x.size(0);
-  a.n = w.n;
-  a.k = x.size(1);
-  return a;
+  return cuda::detail::nvfp4_gemv_args(x, w, Tensor(), y, false);
 }
 
 // The matrix-vector kernel's arguments for y = x w^T (dense operands).

@@ -53,21 +53,7 @@ TEST_P(CudaNvfp4Gemv, EachBlockShapeMatchesFp64InItsColumnsOnlyAndRepeatsItsBits
   const int64_t width = c.n + kLeft + kRight;
   Tensor y = poisoned_gpu({c.m, width}, c.out);
 
-  Nvfp4GemvArgs a;
-  a.x = xg.data<uint16_t>();
-  a.x_ld = c.k;
-  a.codes = wg.packed.data<uint8_t>();
-  a.scales = wg.scales.data<uint16_t>();
-  a.global_scale = cuda::nvfp4_global_scale_device(wg);
-  a.bias = bg.defined() ? bg.data_ptr() : nullptr;
-  a.bias_f32 = c.bias == 2;
-  a.swiglu = c.swiglu;
-  a.y = static_cast<char*>(y.data_ptr()) + kLeft * dtype_size(c.out);
-  a.y_ld = width;
-  a.y_f32 = c.out == DType::kFP32;
-  a.m = c.m;
-  a.n = c.n;
-  a.k = c.k;
+  const Nvfp4GemvArgs a = cuda::detail::nvfp4_gemv_args(xg, wg, bg, y.slice(1, kLeft, kLeft + c.n), c.swiglu);
   ASSERT_TRUE(cuda::detail::nvfp4_gemv_eligible(a));
 
   const std::vector<double> ref = reference(x, w, bias, c);
@@ -195,18 +181,7 @@ TEST_F(CudaCallerStream, Nvfp4GemvReplayAfterInPlaceReloadUsesTheNewWeight) {
   const ops::Nvfp4Weight wg = cuda::nvfp4_prepare(w1, 0, -1);
   const Tensor xg = to_gpu(x);
   Tensor y = poisoned_gpu({M, N}, DType::kFP32);
-  Nvfp4GemvArgs a;
-  a.x = xg.data<uint16_t>();
-  a.x_ld = K;
-  a.codes = wg.packed.data<uint8_t>();
-  a.scales = wg.scales.data<uint16_t>();
-  a.global_scale = cuda::nvfp4_global_scale_device(wg);
-  a.y = y.data_ptr();
-  a.y_ld = N;
-  a.y_f32 = true;
-  a.m = M;
-  a.n = N;
-  a.k = K;
+  const Nvfp4GemvArgs a = cuda::detail::nvfp4_gemv_args(xg, wg, Tensor(), y, false);
   cuda::Graph g;
   g.begin_capture(caller_);
   cuda::detail::launch_nvfp4_gemv(a, caller_);

@@ -97,21 +97,7 @@ bool streaming_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bi
 // kernel does not take the problem or LOCUS_NVFP4_GEMV=0.
 bool decode_gemm(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y, bool swiglu,
                  void* stream) {
-  detail::Nvfp4GemvArgs g;
-  g.x = x.data<uint16_t>();
-  g.x_ld = x.stride(0);
-  g.codes = w.packed.data<uint8_t>();
-  g.scales = w.scales.data<uint16_t>();
-  g.global_scale = nvfp4_global_scale_device(w);
-  g.bias = bias.defined() ? bias.data_ptr() : nullptr;
-  g.bias_f32 = bias.defined() && bias.dtype() == DType::kFP32;
-  g.swiglu = swiglu;
-  g.y = y.data_ptr();
-  g.y_ld = y.stride(0);
-  g.y_f32 = y.dtype() == DType::kFP32;
-  g.m = x.size(0);
-  g.n = y.size(1);
-  g.k = x.size(1);
+  const detail::Nvfp4GemvArgs g = detail::nvfp4_gemv_args(x, w, bias, y, swiglu);
   if (!detail::nvfp4_gemv_enabled() || !detail::nvfp4_gemv_eligible(g)) return false;
   // The streaming kernel takes every problem the matrix-vector kernel does (M <= 16, K % 16 == 0,
   // aligned rows; with SwiGLU up rows on a tile), so every path computes it.

@@ -21,6 +21,10 @@
 
 #include "backends/cuda/stream_gemm.h"  // StreamWeightRef
 
+namespace locus::ops {
+struct Nvfp4Weight;
+}
+
 namespace locus::cuda::detail {
 
 constexpr int64_t kNvfp4GemvMaxM = 16;
@@ -57,6 +61,13 @@ struct Nvfp4GemvArgs {
   int32_t num_indexed = 0;
   Nvfp4GemvIndexed indexed[kNvfp4GemvMaxProducts];
 };
+
+// The arguments of y = x w^T (+ bias; with swiglu, SwiGLU of w's gate and up halves) for
+// tensors on the device: x bf16 [m, k], w prepared (kCudaTiled), y bf16/fp32 [m, n] rows of unit
+// column stride, bias [n] or undefined. Not checked: nvfp4_gemv_eligible says whether the
+// kernel takes them.
+Nvfp4GemvArgs nvfp4_gemv_args(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y,
+                              bool swiglu);
 
 // Whether the kernel takes the problem: 1 <= m <= kNvfp4GemvMaxM, k a positive multiple of 16,
 // x's rows 16-byte aligned, with SwiGLU n a multiple of 16 (the up rows start on a tile); by-id
