@@ -147,10 +147,24 @@ std::vector<Stream> streams_of(const std::vector<PartitionSlice>& slices, const 
   return out;
 }
 
-// The origin of a fork/join that a CUDA path choice runs: the caller's stream, or the stream the
-// choice times its paths on (`native`).
-Stream origin_of(const Stream& caller, const Device& device, void* native) {
-  return native == caller.native ? caller : Stream{device, native};
+// A fork/join from `origin` (caller's stream, or a stream a CUDA path choice times its paths on):
+// what a one-launch path is timed against.
+using ForkJoinFrom = std::function<void(void*)>;
+
+// The partitioned op: `one_launch` (a CUDA single-launch path, handed the fork/join it may be
+// timed against, from the origin stream it gives) where that takes the problem, else a fork from
+// `caller` over the slices' streams, `per_partition(p, stream)` on each, and the join.
+void fork_join_unless(const Stream& caller, const Device& device, const std::vector<PartitionSlice>& slices,
+                      const std::function<void(int, const Stream&)>& per_partition,
+                      const std::function<bool(const ForkJoinFrom&)>& one_launch) {
+  auto fork_join = [&](const Stream& origin) {
+    const std::vector<Stream> streams = streams_of(slices, origin);
+    run_partitioned(origin, streams, [&](int p) { per_partition(p, streams[p]); });
+  };
+  const ForkJoinFrom from = [&](void* native) {
+    fork_join(native == caller.native ? caller : Stream{device, native});
+  };
+  if (!one_launch(from)) fork_join(caller);
 }
 
 #if defined(LOCUS_WITH_CUDA)
@@ -172,7 +186,7 @@ bool cuda_bf16_domains(const Tensor& x, const std::vector<Tensor>& shards, const
 // faster than `fork_join`.
 bool cuda_bf16_gemv_domains(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y,
                             bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller,
-                            const std::function<void(void*)>& fork_join) {
+                            const ForkJoinFrom& fork_join) {
   if (!x.device().is_cuda()) return false;
   const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
   return swiglu ? cuda::gemm_swiglu_partitioned_fastest(x, shards, y, domains, caller.native, fork_join)
@@ -183,7 +197,7 @@ bool cuda_bf16_gemv_domains(const Tensor& x, const std::vector<Tensor>& shards, 
 // per-partition ops time the matrix-vector kernel); above, that launch where it applies.
 bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias, const Tensor& y,
                         bool swiglu, const std::vector<PartitionSlice>& slices, const Stream& caller,
-                        const std::function<void(void*)>& fork_join) {
+                        const ForkJoinFrom& fork_join) {
   if (!x.device().is_cuda()) return false;
   const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
   return cuda::nvfp4_gemm_partitioned_fastest(x, shards, bias, y, swiglu, domains, caller.native, fork_join) ||
@@ -194,7 +208,7 @@ bool cuda_nvfp4_domains(const Tensor& x, const std::vector<Nvfp4Weight>& shards,
 // faster), else the streaming kernel's when LOCUS_STREAM_GEMM_BF16_MAX_M admits M.
 bool cuda_bmm_domains(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
                       const std::vector<PartitionSlice>& slices, const Stream& caller,
-                      const std::function<void(void*)>& fork_join) {
+                      const ForkJoinFrom& fork_join) {
   if (!a.device().is_cuda()) return false;
   const std::vector<cuda::DomainSlice> domains = domain_slices(slices, caller);
   if (cuda::bmm_partitioned_fastest(a, b_shards, y, domains, caller.native, fork_join)) return true;
@@ -206,15 +220,15 @@ bool cuda_bf16_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&,
   return false;
 }
 bool cuda_bf16_gemv_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const Tensor&, bool,
-                            const std::vector<PartitionSlice>&, const Stream&, const std::function<void(void*)>&) {
+                            const std::vector<PartitionSlice>&, const Stream&, const ForkJoinFrom&) {
   return false;
 }
 bool cuda_nvfp4_domains(const Tensor&, const std::vector<Nvfp4Weight>&, const Tensor&, const Tensor&, bool,
-                        const std::vector<PartitionSlice>&, const Stream&, const std::function<void(void*)>&) {
+                        const std::vector<PartitionSlice>&, const Stream&, const ForkJoinFrom&) {
   return false;
 }
 bool cuda_bmm_domains(const Tensor&, const std::vector<Tensor>&, const Tensor&, const std::vector<PartitionSlice>&,
-                      const Stream&, const std::function<void(void*)>&) {
+                      const Stream&, const ForkJoinFrom&) {
   return false;
 }
 #endif
@@ -262,17 +276,13 @@ void gemm_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const 
   for (size_t p = 0; p < slices.size(); ++p) check_dense_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));  // validates the shape before the fork
   if (cuda_bf16_domains(x, shards, bias, y, false, slices, caller)) return;
-  // The fork/join from an origin stream: the caller's, or the one the CUDA path choice times on.
-  auto fork_join = [&](const Stream& origin) {
-    const std::vector<Stream> streams = streams_of(slices, origin);
-    run_partitioned(origin, streams, [&](int p) {
-      const PartitionSlice& s = slices[p];
-      gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
-    });
-  };
-  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
-  if (cuda_bf16_gemv_domains(x, shards, bias, y, false, slices, caller, fork_join_from)) return;
-  fork_join(caller);
+  fork_join_unless(
+      caller, x.device(), slices,
+      [&](int p, const Stream& s) {
+        const PartitionSlice& sl = slices[p];
+        gemm(x, shards[p], bias_slice(op, bias, y.size(1), sl.n0, sl.n1), y.slice(1, sl.n0, sl.n1), s);
+      },
+      [&](const ForkJoinFrom& fj) { return cuda_bf16_gemv_domains(x, shards, bias, y, false, slices, caller, fj); });
 }
 
 void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& y,
@@ -284,16 +294,10 @@ void gemm_swiglu_partitioned(const Tensor& x, const std::vector<Tensor>& shards,
     check_dense_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));  // [gate rows; up rows]
   }
   if (cuda_bf16_domains(x, shards, Tensor(), y, true, slices, caller)) return;
-  auto fork_join = [&](const Stream& origin) {
-    const std::vector<Stream> streams = streams_of(slices, origin);
-    run_partitioned(origin, streams, [&](int p) {
-      const PartitionSlice& s = slices[p];
-      gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
-    });
-  };
-  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
-  if (cuda_bf16_gemv_domains(x, shards, Tensor(), y, true, slices, caller, fork_join_from)) return;
-  fork_join(caller);
+  fork_join_unless(
+      caller, x.device(), slices,
+      [&](int p, const Stream& s) { gemm_swiglu(x, shards[p], y.slice(1, slices[p].n0, slices[p].n1), s); },
+      [&](const ForkJoinFrom& fj) { return cuda_bf16_gemv_domains(x, shards, Tensor(), y, true, slices, caller, fj); });
 }
 
 void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& bias,
@@ -303,16 +307,13 @@ void nvfp4_gemm_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& sha
   check_slices(op, slices, y.size(1), shards.size(), "column");
   for (size_t p = 0; p < slices.size(); ++p) check_nvfp4_shard(op, p, shards[p], slices[p].n1 - slices[p].n0, x.size(1));
   if (bias.defined()) bias_slice(op, bias, y.size(1), 0, y.size(1));
-  auto fork_join = [&](const Stream& origin) {
-    const std::vector<Stream> streams = streams_of(slices, origin);
-    run_partitioned(origin, streams, [&](int p) {
-      const PartitionSlice& s = slices[p];
-      nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), s.n0, s.n1), y.slice(1, s.n0, s.n1), streams[p]);
-    });
-  };
-  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
-  if (cuda_nvfp4_domains(x, shards, bias, y, false, slices, caller, fork_join_from)) return;
-  fork_join(caller);
+  fork_join_unless(
+      caller, x.device(), slices,
+      [&](int p, const Stream& s) {
+        const PartitionSlice& sl = slices[p];
+        nvfp4_gemm(x, shards[p], bias_slice(op, bias, y.size(1), sl.n0, sl.n1), y.slice(1, sl.n0, sl.n1), s);
+      },
+      [&](const ForkJoinFrom& fj) { return cuda_nvfp4_domains(x, shards, bias, y, false, slices, caller, fj); });
 }
 
 void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weight>& shards, const Tensor& y,
@@ -323,16 +324,10 @@ void nvfp4_gemm_swiglu_partitioned(const Tensor& x, const std::vector<Nvfp4Weigh
   for (size_t p = 0; p < slices.size(); ++p) {
     check_nvfp4_shard(op, p, shards[p], 2 * (slices[p].n1 - slices[p].n0), x.size(1));
   }
-  auto fork_join = [&](const Stream& origin) {
-    const std::vector<Stream> streams = streams_of(slices, origin);
-    run_partitioned(origin, streams, [&](int p) {
-      const PartitionSlice& s = slices[p];
-      nvfp4_gemm_swiglu(x, shards[p], y.slice(1, s.n0, s.n1), streams[p]);
-    });
-  };
-  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, x.device(), native)); };
-  if (cuda_nvfp4_domains(x, shards, Tensor(), y, true, slices, caller, fork_join_from)) return;
-  fork_join(caller);
+  fork_join_unless(
+      caller, x.device(), slices,
+      [&](int p, const Stream& s) { nvfp4_gemm_swiglu(x, shards[p], y.slice(1, slices[p].n0, slices[p].n1), s); },
+      [&](const ForkJoinFrom& fj) { return cuda_nvfp4_domains(x, shards, Tensor(), y, true, slices, caller, fj); });
 }
 
 void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const Tensor& y,
@@ -353,17 +348,13 @@ void bmm_partitioned(const Tensor& a, const std::vector<Tensor>& b_shards, const
     LOCUS_CHECK(b.size(0) == heads && b.size(1) == a.size(2) && b.size(2) == y.size(2), op, ": partition ", p,
                 " shard is ", b.shape_str(), " but its slice needs [", heads, ", ", a.size(2), ", ", y.size(2), "]");
   }
-  // The fork/join from an origin stream: the caller's, or the one the CUDA path choice times on.
-  auto fork_join = [&](const Stream& origin) {
-    const std::vector<Stream> streams = streams_of(slices, origin);
-    run_partitioned(origin, streams, [&](int p) {
-      const PartitionSlice& s = slices[p];
-      bmm(a.slice(0, s.n0, s.n1), b_shards[p], y.slice(0, s.n0, s.n1), streams[p]);
-    });
-  };
-  auto fork_join_from = [&](void* native) { fork_join(origin_of(caller, a.device(), native)); };
-  if (cuda_bmm_domains(a, b_shards, y, slices, caller, fork_join_from)) return;
-  fork_join(caller);
+  fork_join_unless(
+      caller, a.device(), slices,
+      [&](int p, const Stream& s) {
+        const PartitionSlice& sl = slices[p];
+        bmm(a.slice(0, sl.n0, sl.n1), b_shards[p], y.slice(0, sl.n0, sl.n1), s);
+      },
+      [&](const ForkJoinFrom& fj) { return cuda_bmm_domains(a, b_shards, y, slices, caller, fj); });
 }
 
 }  // namespace locus::ops

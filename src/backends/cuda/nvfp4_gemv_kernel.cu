@@ -224,6 +224,16 @@ __global__ void __launch_bounds__(kThreads, MB * TW == 1 ? 3 : 2) nvfp4_gemv_ker
   }
 }
 
+// Blocks of 8 tokens the kernel multiplies (MB; a by-id entry is one token).
+int token_blocks(const Nvfp4GemvArgs& a) { return a.num_indexed > 0 || a.m <= 8 ? 1 : 2; }
+
+// Slots (one warp's tiles) of one weight: its output tiles, `tiles_per_warp` a slot (SwiGLU: an
+// output tile's gate and up tiles).
+int64_t slots_per_weight(const Nvfp4GemvArgs& a, int tiles_per_warp) {
+  const int64_t out_tiles = (a.n + 15) / 16;
+  return a.swiglu ? out_tiles : (out_tiles + tiles_per_warp - 1) / tiles_per_warp;
+}
+
 // Calls launch.template operator()<MB, TW, W, SWIGLU, INDEXED>() for the problem's block shape
 // (by-id products: one token an entry, MB = 1).
 template <class Launch>
@@ -269,19 +279,17 @@ namespace {
 
 // CTAs of the kernel resident on one SM: what its launch bounds promise.
 int resident_ctas_per_sm(const Nvfp4GemvArgs& a, int tiles_per_warp) {
-  const int mb = a.num_indexed > 0 || a.m <= 8 ? 1 : 2;
-  return mb * tiles_per_warp == 1 ? 3 : 2;
+  return token_blocks(a) * tiles_per_warp == 1 ? 3 : 2;
 }
 
 // Slots (one warp's tiles) of the whole launch, every by-id entry's included.
 int64_t slots_of(const Nvfp4GemvArgs& a, int tiles_per_warp) {
-  const int64_t out_tiles = (a.n + 15) / 16;
   int64_t entries = 1;
   if (a.num_indexed > 0) {
     entries = 0;
     for (int i = 0; i < a.num_indexed; ++i) entries += a.indexed[i].entries;
   }
-  return (a.swiglu ? out_tiles : (out_tiles + tiles_per_warp - 1) / tiles_per_warp) * entries;
+  return slots_per_weight(a, tiles_per_warp) * entries;
 }
 
 int64_t ctas_of(const Nvfp4GemvArgs& a, Nvfp4GemvShape s) {
@@ -351,8 +359,7 @@ void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape, cudaStream_
                    shape.warps_per_slot == 8),
               "nvfp4_gemv: no kernel for ", shape.tiles_per_warp, " tiles and ", shape.warps_per_slot,
               " warps a slot", a.swiglu ? " with SwiGLU" : "");
-  const int64_t out_tiles = (a.n + 15) / 16;
-  const int64_t slots = a.swiglu ? out_tiles : (out_tiles + shape.tiles_per_warp - 1) / shape.tiles_per_warp;
+  const int64_t slots = slots_per_weight(a, shape.tiles_per_warp);
   const int64_t per_cta = kWarps / shape.warps_per_slot;
   // By-id products: a row of CTAs per entry (y) and per product (z).
   int max_entries = 1;
@@ -361,7 +368,7 @@ void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape, cudaStream_
                   static_cast<unsigned>(std::max(1, static_cast<int>(a.num_indexed))));
   DependentLaunch launch(grid, dim3(kThreads), 0, stream, small_op_overlap());
   cudaError_t err = cudaSuccess;
-  dispatch_nvfp4_gemv(a.m <= 8 ? 1 : 2, shape.tiles_per_warp, shape.warps_per_slot, a.swiglu, a.num_indexed > 0,
+  dispatch_nvfp4_gemv(token_blocks(a), shape.tiles_per_warp, shape.warps_per_slot, a.swiglu, a.num_indexed > 0,
                       [&]<int MB, int TW, int W, bool SW, bool IX>() {
                         err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_kernel<MB, TW, W, SW, IX>, a);
                       });

@@ -337,17 +337,17 @@ bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp
   if (!detail::nvfp4_gemv_enabled() || x.size(0) < 1 || x.size(0) > detail::kNvfp4GemvMaxM ||
       shards.size() != slices.size())
     return false;
+  use_device(x.device().index);
+  if (detail::nvfp4_gemv_always()) {
+    fork_join(caller);
+    return true;
+  }
   // What decides which path is faster: tokens, K, types, each shard's rows and its domain's SMs.
   const int bias_kind = !bias.defined() ? 0 : bias.dtype() == DType::kFP32 ? 2 : 1;
   std::string key = str("nvfp4_partitioned:", x.size(0), 'x', x.size(1), ':', x.stride(0), ',', y.stride(0), ':',
                         y.dtype() == DType::kFP32, bias_kind, swiglu);
   for (size_t p = 0; p < shards.size(); ++p)
     key += str(':', shards[p].n, "@sm", detail::partition_stream_sm_count(slices[p].stream));
-  use_device(x.device().index);
-  if (detail::nvfp4_gemv_always()) {
-    fork_join(caller);
-    return true;
-  }
   detail::run_fastest_path(key,
                            {[&](cudaStream_t s) {
                               // Where the one launch does not take the shards, this path is the fork/join too.
