@@ -23,9 +23,9 @@
 //   fp4 gemv  the NVFP4 matrix-vector kernel alone (nvfp4_gemv.h, M <= 16);
 //   fp4 mma  the same through the streaming (mma.sync) kernel, where fp4 takes the wgmma one;
 //   fp4part  ops::nvfp4_gemm_partitioned over the 2 domains (M <= 64): one domain-aware launch
-//            of the streaming kernel (at M <= 16 the faster, timed once, of that and a fork/join
-//            of per-partition nvfp4_gemm calls);
-//   fp4part launch / fork/join  those two alone (M <= 16).
+//            of the streaming kernel (at M <= 16 the faster, timed once, of that, a fork/join
+//            of per-partition nvfp4_gemm calls and the matrix-vector kernel's domain-aware launch);
+//   fp4part launch / fork/join / gemv launch  those three alone (M <= 16).
 // The BMM rows (MLA's absorbed products, H = 128) time plain cuBLAS (strided batched), the op
 // (cuda::bmm: cuBLASLt), the TMA-fed kernel (bmm_tma.h, M <= 64) with [N, K] and with [K, N]
 // weights, ops::bmm_partitioned over the 2 domains (the faster, timed once, of the kernel's
@@ -87,7 +87,7 @@ namespace {
 struct Row {
   int64_t n, k, m;
   double cublas = 0, lt = 0, stream = 0, gemv = 0, ours = 0, part = 0, gemvpart = 0, forkjoinpart = 0, fp4 = 0, fp4stream = 0,
-         fp4gemv = 0, fp4mma = 0, fp4part = 0, fp4partlaunch = 0, fp4partfj = 0;
+         fp4gemv = 0, fp4mma = 0, fp4part = 0, fp4partlaunch = 0, fp4partfj = 0, fp4partgemv = 0;
 };
 
 // The NVFP4 matrix-vector kernel's arguments for y = x w^T (w prepared for CUDA).
@@ -373,13 +373,18 @@ int main(int argc, char** argv) {
       if (M <= cuda::kNvfp4StreamMaxM)
         timer.add(&row.fp4part, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
       if (M <= cuda::detail::kNvfp4GemvMaxM) {
-        cuda::set_nvfp4_gemv_enabled(false);  // the streaming kernel's one launch
-        timer.add(&row.fp4partlaunch, RF,
-                  [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
-        cuda::set_nvfp4_gemv_enabled(true);
-        cuda::detail::set_nvfp4_gemv_always(true);  // the fork/join of matrix-vector launches
-        timer.add(&row.fp4partfj, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        using cuda::detail::Nvfp4PartitionedPath;
+        const std::pair<double*, Nvfp4PartitionedPath> forced[] = {
+            {&row.fp4partlaunch, Nvfp4PartitionedPath::kStreamingLaunch},
+            {&row.fp4partfj, Nvfp4PartitionedPath::kForkJoin},
+            {&row.fp4partgemv, Nvfp4PartitionedPath::kMatrixVectorLaunch}};
+        for (const auto& [out, path] : forced) {
+          cuda::detail::set_nvfp4_partitioned_path(path);
+          cuda::detail::set_nvfp4_gemv_always(true);  // the fork/join's per-partition ops: matrix-vector launches
+          timer.add(out, RF, [&](int r) { ops::nvfp4_gemm_partitioned(x, fsh[r], {}, y, slices, caller); });
+        }
         cuda::detail::set_nvfp4_gemv_always(false);
+        cuda::detail::set_nvfp4_partitioned_path(Nvfp4PartitionedPath::kTimed);
       }
       timer.run(reps);
       rows.push_back(row);
@@ -398,7 +403,8 @@ int main(int argc, char** argv) {
       if (row.fp4mma > 0) std::printf(" | fp4 mma.sync %7.1f (%.2fx)", row.fp4mma * 1e6, row.cublas / row.fp4mma);
       if (row.fp4part > 0) std::printf(" | fp4part %7.1f (%.2f)", row.fp4part * 1e6, row.fp4 / row.fp4part);
       if (row.fp4partfj > 0)
-        std::printf(" | fp4part launch %7.1f, fork/join %7.1f", row.fp4partlaunch * 1e6, row.fp4partfj * 1e6);
+        std::printf(" | fp4part launch %7.1f, fork/join %7.1f, gemv launch %7.1f", row.fp4partlaunch * 1e6,
+                    row.fp4partfj * 1e6, row.fp4partgemv * 1e6);
       std::printf("\n");
       std::fflush(stdout);
     }
@@ -480,8 +486,8 @@ int main(int argc, char** argv) {
   md += "| N | K | M | cuBLAS us | cuBLASLt us | stream us | gemv us | ours us | ours/cuBLAS speed | ours GB/s | part us | "
         "unpart/part | gemv part us | fork/join part us | NVFP4 us | NVFP4 speed-up vs cuBLAS | NVFP4 GB/s | NVFP4 stream us | "
         "NVFP4 gemv us | NVFP4 mma.sync us | mma.sync speed-up | NVFP4 part us | unpart/part | NVFP4 part launch us | "
-        "NVFP4 part fork/join us |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "NVFP4 part fork/join us | NVFP4 part gemv launch us |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Row& r : rows) {
     const double io = double(r.m) * r.k * 2 + double(r.m) * r.n * 2;
     const double wb = double(r.n) * r.k * 2, fb = double(r.n) * r.k * 0.5625;
@@ -511,7 +517,8 @@ int main(int argc, char** argv) {
     } else {
       md += " - | - |";
     }
-    std::snprintf(buf, sizeof buf, " %s | %s |\n", us(r.fp4partlaunch).c_str(), us(r.fp4partfj).c_str());
+    std::snprintf(buf, sizeof buf, " %s | %s | %s |\n", us(r.fp4partlaunch).c_str(), us(r.fp4partfj).c_str(),
+                  us(r.fp4partgemv).c_str());
     md += buf;
   }
   md += bmm_md;

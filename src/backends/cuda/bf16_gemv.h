@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/gemv_domain_plan.h"  // kGemvMaxParts, kGemvMaxDomains
+
 namespace locus::cuda::detail {
 
 constexpr int64_t kBf16GemvMaxM = 4;
@@ -53,8 +55,8 @@ std::string bf16_gemv_problem_key(const Bf16GemvArgs& a, cudaStream_t stream);
 
 // ---- the domain-aware form: a partitioned GEMM's shards in ONE launch (gemm_partitioned) ----
 
-constexpr int kBf16GemvMaxParts = 8;
-constexpr int kBf16GemvMaxDomains = 8;
+constexpr int kBf16GemvMaxParts = kGemvMaxParts;
+constexpr int kBf16GemvMaxDomains = kGemvMaxDomains;
 
 // One shard: `rows` weight rows (row stride w_ld) that produce output columns [col0, col0 + rows),
 // owned by domain `domain`.

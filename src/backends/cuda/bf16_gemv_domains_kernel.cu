@@ -10,6 +10,7 @@
 #include "backends/cuda/bf16_gemv_device.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/gemv_domain_plan.h"
 #include "backends/cuda/stream_gemm.h"         // kNoDomain
 #include "backends/cuda/stream_gemm_launch.h"  // resident_ctas_per_sm
 #include "backends/cuda/stream_scratch.h"
@@ -19,17 +20,7 @@
 namespace locus::cuda::detail {
 namespace {
 
-static_assert(kBf16GemvMaxDomains <= 32, "UnitQueue keeps its refusals in a 32-bit mask");
-
-// Per-launch constants computed on the host. A domain's units are the blocks of its parts, part
-// after part; the fields UnitQueue reads come first.
-struct GemvDomainPlan {
-  unsigned* counters;  // [kBf16GemvMaxDomains], zero between launches
-  int32_t units[kBf16GemvMaxDomains];
-  int32_t total_ctas, static_first, counted;
-  int32_t part_first_unit[kBf16GemvMaxParts];  // the part's first block among its domain's units
-  int32_t part_units[kBf16GemvMaxParts];
-};
+static_assert(kGemvMaxDomains <= 32, "UnitQueue keeps its refusals in a 32-bit mask");
 
 // The rows of unit `unit` of `domain` (which has it), and which block of them it is.
 struct UnitRows {
@@ -38,39 +29,23 @@ struct UnitRows {
 };
 __device__ __forceinline__ UnitRows unit_rows(const Bf16GemvDomainArgs& a, const GemvDomainPlan& pl, int domain,
                                               int unit) {
-  int p = 0;
-  while (a.parts[p].domain != domain || unit >= pl.part_first_unit[p] + pl.part_units[p]) ++p;
-  const Bf16GemvPart& part = a.parts[p];
-  return {{static_cast<const uint16_t*>(part.w), part.w_ld, part.rows, part.col0}, unit - pl.part_first_unit[p]};
+  const GemvUnitPart u = gemv_unit_part(pl, domain, unit);
+  const Bf16GemvPart& part = a.parts[u.part];
+  return {{static_cast<const uint16_t*>(part.w), part.w_ld, part.rows, part.col0}, u.block};
 }
 
 template <int M, int R, int RW>
 __global__ void __launch_bounds__(kGemvThreads)
     bf16_gemv_domains_kernel(const __grid_constant__ Bf16GemvDomainArgs a, const __grid_constant__ GemvDomainPlan pl) {
   __shared__ float partial[kGemvWarps][RW][M];
-  __shared__ int s_domain, s_unit;
   launch_dependents();
   // Which rows a CTA takes is known only from the counters, which the previous kernel on this
   // stream may still be leaving at zero: nothing is read before it is done.
   wait_for_previous_grid();
-  UnitQueue<GemvDomainPlan> q{pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain)};
-  if (threadIdx.x == 0) q.first(&s_domain, &s_unit);
-  while (true) {
-    __syncthreads();  // the unit is published; the previous block's partial sums are read
-    const int domain = s_domain, unit = s_unit;
-    if (domain < 0) break;
-    // Thread 0 asks for its next unit now, so that the round trip overlaps this block.
-    int ahead = -1;
-    unsigned got = 0;
-    if (threadIdx.x == 0 && pl.counted && (ahead = q.next_domain()) >= 0) got = atomicAdd(pl.counters + ahead, 1u);
+  for_each_unit(pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain), [&](int domain, int unit) {
     const UnitRows u = unit_rows(a, pl, domain, unit);
     gemv_block<M, R, RW>(a.common, u.rows, u.block, partial, [] {});
-    if (threadIdx.x == 0) {
-      s_domain = -1;
-      if (ahead >= 0 && q.accept(ahead, got, &s_unit)) s_domain = ahead;
-      else q.take(&s_domain, &s_unit);
-    }
-  }
+  });
 }
 
 }  // namespace
@@ -99,26 +74,21 @@ void launch_bf16_gemv_domains(const Bf16GemvDomainArgs& a, cudaStream_t stream) 
   for (int i = 0; i < a.num_parts; ++i) rows += a.parts[i].rows;
   const int slots = bf16_gemv_slots_per_cta((rows + rw - 1) / rw, a.common.k, sms);
   const int64_t block_rows = static_cast<int64_t>(slots) * rw;
-  GemvDomainPlan pl{};
-  int64_t units = 0;
+  int32_t part_domain[kGemvMaxParts];
+  int64_t part_units[kGemvMaxParts];
   for (int i = 0; i < a.num_parts; ++i) {
-    const Bf16GemvPart& p = a.parts[i];
-    pl.part_units[i] = static_cast<int32_t>((p.rows + block_rows - 1) / block_rows);
-    pl.part_first_unit[i] = pl.units[p.domain];
-    pl.units[p.domain] += pl.part_units[i];
-    units += pl.part_units[i];
+    part_domain[i] = a.parts[i].domain;
+    part_units[i] = (a.parts[i].rows + block_rows - 1) / block_rows;
   }
+  unsigned* counters = stream_scratch(stream, kGemvMaxDomains, 1).counters;
   cudaError_t err = cudaSuccess;
-  pl.counters = stream_scratch(stream, kBf16GemvMaxDomains, 1).counters;
   dispatch_gemv_shape(a.common.m, rw, slots, [&]<int M, int R, int RW>() {
     const void* kernel = reinterpret_cast<const void*>(bf16_gemv_domains_kernel<M, R, RW>);
     const int per_sm = resident_ctas_per_sm(kernel, kernel, kGemvThreads, 0);
     LOCUS_CHECK(per_sm >= 1, "launch_bf16_gemv_domains: no CTA fits an SM");
-    const int blocks = static_cast<int>(std::min<int64_t>(units, static_cast<int64_t>(per_sm) * sms));
-    pl.total_ctas = blocks;
-    pl.static_first = a.num_domains == 1 ? 1 : 0;  // then CTA b's first unit is unit b of domain 0
-    pl.counted = a.num_domains > 1 || units > blocks ? 1 : 0;
-    DependentLaunch launch(dim3(blocks), dim3(kGemvThreads), 0, stream, small_op_overlap());
+    GemvDomainPlan pl;
+    plan_gemv_domains(part_domain, part_units, a.num_parts, a.num_domains, counters, int64_t{per_sm} * sms, &pl);
+    DependentLaunch launch(dim3(pl.total_ctas), dim3(kGemvThreads), 0, stream, small_op_overlap());
     err = cudaLaunchKernelEx(&launch.config, bf16_gemv_domains_kernel<M, R, RW>, a, pl);
   });
   LOCUS_CUDA_CHECK_NAMED(err, "bf16_gemv_domains_kernel launch failed");

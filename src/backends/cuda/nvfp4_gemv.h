@@ -18,11 +18,16 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
-#include "backends/cuda/stream_gemm.h"  // StreamWeightRef
+#include "backends/cuda/gemv_domain_plan.h"  // kGemvMaxParts, kGemvMaxDomains
+#include "backends/cuda/stream_gemm.h"       // StreamWeightRef
 
 namespace locus::ops {
 struct Nvfp4Weight;
+}
+namespace locus::cuda {
+struct DomainSlice;
 }
 
 namespace locus::cuda::detail {
@@ -62,6 +67,10 @@ struct Nvfp4GemvArgs {
   Nvfp4GemvIndexed indexed[kNvfp4GemvMaxProducts];
 };
 
+// CTAs an SM the kernels' launch bounds promise, by blocks of 8 tokens and tiles a warp: three
+// where one tile and one block of tokens leave the registers for it (80 a thread), else two.
+__host__ __device__ constexpr int nvfp4_gemv_resident_ctas(int mb, int tw) { return mb * tw == 1 ? 3 : 2; }
+
 // The arguments of y = x w^T (+ bias; with swiglu, SwiGLU of w's gate and up halves) for
 // tensors on the device: x bf16 [m, k], w prepared (kCudaTiled), y bf16/fp32 [m, n] rows of unit
 // column stride, bias [n] or undefined. Not checked: nvfp4_gemv_eligible says whether the
@@ -97,6 +106,11 @@ Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp
 // and tests.
 void set_nvfp4_gemv_shape(Nvfp4GemvShape forced);
 
+// Blocks of 8 tokens a launch multiplies at once (a by-id entry is one token).
+int nvfp4_gemv_token_blocks(const Nvfp4GemvArgs& a);
+// CTA blocks of one weight's product in `shape` (8 / warps_per_slot slots a block).
+int64_t nvfp4_gemv_blocks(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape);
+
 // Enqueues the product on `stream` in `shape` (by default nvfp4_gemv_shape's); the problem must
 // be eligible.
 void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, cudaStream_t stream);
@@ -110,9 +124,16 @@ void run_nvfp4_gemv_fastest(const Nvfp4GemvArgs& a, const std::function<void(cud
 
 // While on, run_nvfp4_gemv_fastest launches the kernel (in nvfp4_gemv_shape's shape) without
 // timing or remembering anything: tests and benchmarks reach it through the ops so.
-// The partitioned NVFP4 ops then fork/join per-partition launches of it.
 void set_nvfp4_gemv_always(bool on);
 bool nvfp4_gemv_always();
+
+// The paths of a partitioned NVFP4 op at decode M (cuda::nvfp4_gemm_partitioned_fastest): the
+// faster as timed, the streaming kernel's one domain-aware launch, the fork/join of
+// per-partition ops, or this kernel's domain-aware launch (launch_nvfp4_gemv_domains). Tests and
+// benchmarks force one; where it does not take the problem, the fork/join runs.
+enum class Nvfp4PartitionedPath { kTimed, kStreamingLaunch, kForkJoin, kMatrixVectorLaunch };
+void set_nvfp4_partitioned_path(Nvfp4PartitionedPath path);
+Nvfp4PartitionedPath nvfp4_partitioned_path();
 
 // Whether cuda::nvfp4_gemm may take the kernel (timed against the streaming kernel): on unless
 // LOCUS_NVFP4_GEMV=0; set_nvfp4_gemv_enabled (cuda_ops.h) overrides it.
@@ -120,5 +141,46 @@ bool nvfp4_gemv_enabled();
 // The path choice's key: what decides which path is faster (shape, strides, types, SwiGLU, the
 // SMs of a partition stream).
 std::string nvfp4_gemv_problem_key(const Nvfp4GemvArgs& a, cudaStream_t stream);
+
+// ---- the domain-aware form: a partitioned NVFP4 op's shards in one launch ----
+
+// One shard: a prepared weight (kCudaTiled) whose n output columns (SwiGLU: 2n rows, gate then
+// up) are columns [col0, col0 + n) of y and of the bias, owned by domain `domain`.
+struct Nvfp4GemvPart {
+  const uint8_t* codes = nullptr;
+  const uint16_t* scales = nullptr;
+  const float* global_scale = nullptr;
+  int64_t n = 0, col0 = 0;
+  int32_t domain = 0;
+};
+
+// The shards' product into one output: `common` holds x, the bias (by output column), SwiGLU, y
+// (column 0), its leading dimension and type, m and k (its weight fields, n and by-id products
+// are unused). sm_domain: the %smid -> domain table of the partitions (domain_table.h); nullptr
+// makes every SM domain 0 (the others' blocks are then taken by stealing).
+struct Nvfp4GemvDomainArgs {
+  Nvfp4GemvArgs common;
+  Nvfp4GemvPart parts[kGemvMaxParts];
+  int32_t num_parts = 0, num_domains = 1;
+  const uint8_t* sm_domain = nullptr;
+};
+
+// Whether the domain-aware kernel takes the problem: what nvfp4_gemv_eligible asks of each part
+// as a product of its own, 1..kGemvMaxParts parts with domains below num_domains <= kGemvMaxDomains.
+bool nvfp4_gemv_domains_eligible(const Nvfp4GemvDomainArgs& a);
+// Enqueues the product on `stream` as one launch: persistent CTAs take the one-weight kernel's
+// blocks (so every output has the bits that kernel gives it in the same block shape) from their
+// SM's domain first, then from the others, through per-domain counters that the launch leaves at
+// zero. The block shape is nvfp4_gemv_shape's for all the parts' columns on the whole device.
+// The problem must be eligible.
+void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream);
+// The arguments of the partitioned y = x [shards]^T (+ bias; with swiglu each shard is [gate
+// rows; up rows] of its slice) on the domains of `slices` (shard p makes y's columns
+// [n0, n1) of slices[p]); false where the kernel does not take them.
+bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                            const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices,
+                            Nvfp4GemvDomainArgs* a);
+// The block shape launch_nvfp4_gemv_domains takes on `sms` SMs.
+Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms);
 
 }  // namespace locus::cuda::detail

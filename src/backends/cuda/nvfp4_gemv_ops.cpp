@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "backends/cuda/cuda_ops.h"  // nvfp4_global_scale_device
+#include "backends/cuda/domain_table.h"
 #include "backends/cuda/nvfp4_gemv.h"
 #include "backends/cuda/path_choice.h"
 #include "core/tensor.h"
@@ -12,6 +13,7 @@ namespace locus::cuda::detail {
 
 namespace {
 std::atomic<bool> g_always{false};
+std::atomic<Nvfp4PartitionedPath> g_partitioned{Nvfp4PartitionedPath::kTimed};
 }  // namespace
 
 Nvfp4GemvArgs nvfp4_gemv_args(const Tensor& x, const ops::Nvfp4Weight& w, const Tensor& bias, const Tensor& y,
@@ -34,8 +36,43 @@ Nvfp4GemvArgs nvfp4_gemv_args(const Tensor& x, const ops::Nvfp4Weight& w, const 
   return a;
 }
 
+bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
+                            const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices,
+                            Nvfp4GemvDomainArgs* a) {
+  std::vector<int> domain_of;
+  std::vector<void*> streams;
+  const bool operands = x.dim() == 2 && x.dtype() == DType::kBF16 && x.device().is_cuda() && y.dim() == 2 &&
+                        (y.dtype() == DType::kBF16 || y.dtype() == DType::kFP32) && y.stride(1) == 1 &&
+                        y.device() == x.device() &&
+                        (!bias.defined() || ((bias.dtype() == DType::kBF16 || bias.dtype() == DType::kFP32) &&
+                                             bias.dim() == 1 && bias.stride(0) == 1 && bias.size(0) == y.size(1) &&
+                                             bias.device() == x.device()));
+  if (!operands || shards.empty() || shards.size() != slices.size() ||
+      !assign_domains(slices, kGemvMaxParts, kGemvMaxDomains, &domain_of, &streams))
+    return false;
+  a->common = nvfp4_gemv_args(x, shards[0], bias, y, swiglu);
+  a->num_parts = static_cast<int32_t>(shards.size());
+  for (size_t p = 0; p < shards.size(); ++p) {
+    const ops::Nvfp4Weight& w = shards[p];
+    const int64_t cols = slices[p].n1 - slices[p].n0;
+    if (w.layout != ops::Nvfp4Layout::kCudaTiled || w.packed.device() != x.device() ||
+        w.n != (swiglu ? 2 : 1) * cols || w.k != x.size(1) || slices[p].n0 < 0 || slices[p].n1 > y.size(1))
+      return false;
+    a->parts[p] = {w.packed.data<uint8_t>(), w.scales.data<uint16_t>(), nvfp4_global_scale_device(w), cols,
+                   slices[p].n0, domain_of[p]};
+  }
+  if (streams.size() > 1) {
+    a->num_domains = static_cast<int32_t>(streams.size());
+    a->sm_domain = domain_tables(streams).sm_domain;
+  }
+  return nvfp4_gemv_domains_eligible(*a);
+}
+
 void set_nvfp4_gemv_always(bool on) { g_always.store(on); }
 bool nvfp4_gemv_always() { return g_always.load(); }
+
+void set_nvfp4_partitioned_path(Nvfp4PartitionedPath path) { g_partitioned.store(path); }
+Nvfp4PartitionedPath nvfp4_partitioned_path() { return g_partitioned.load(); }
 
 void run_nvfp4_gemv_fastest(const Nvfp4GemvArgs& a, const PathCall& streaming, cudaStream_t stream) {
   if (g_always.load()) {

@@ -338,23 +338,33 @@ bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp
       shards.size() != slices.size())
     return false;
   use_device(x.device().index);
-  if (detail::nvfp4_gemv_always()) {
-    fork_join(caller);
-    return true;
+  detail::Nvfp4GemvDomainArgs g;
+  const bool gemv_launch = detail::nvfp4_gemv_domain_args(x, shards, bias, y, swiglu, slices, &g);
+  const detail::PathCall streaming_launch = [&](cudaStream_t s) {
+    // Where the one launch does not take the shards, this path is the fork/join too.
+    if (!nvfp4_gemm_domains(x, shards, bias, y, swiglu, slices, s)) fork_join(s);
+  };
+  const detail::PathCall fork_join_path = [&](cudaStream_t s) { fork_join(s); };
+  const detail::PathCall gemv_path = [&](cudaStream_t s) {
+    if (gemv_launch) detail::launch_nvfp4_gemv_domains(g, s);
+    else fork_join(s);
+  };
+  const auto caller_stream = static_cast<cudaStream_t>(caller);
+  switch (detail::nvfp4_partitioned_path()) {
+    case detail::Nvfp4PartitionedPath::kStreamingLaunch: streaming_launch(caller_stream); return true;
+    case detail::Nvfp4PartitionedPath::kForkJoin: fork_join_path(caller_stream); return true;
+    case detail::Nvfp4PartitionedPath::kMatrixVectorLaunch: gemv_path(caller_stream); return true;
+    case detail::Nvfp4PartitionedPath::kTimed: break;
   }
   // What decides which path is faster: tokens, K, types, each shard's rows and its domain's SMs.
   const int bias_kind = !bias.defined() ? 0 : bias.dtype() == DType::kFP32 ? 2 : 1;
   std::string key = str("nvfp4_partitioned:", x.size(0), 'x', x.size(1), ':', x.stride(0), ',', y.stride(0), ':',
-                        y.dtype() == DType::kFP32, bias_kind, swiglu);
+                        y.dtype() == DType::kFP32, bias_kind, swiglu, gemv_launch ? ":gemv" : "");
   for (size_t p = 0; p < shards.size(); ++p)
     key += str(':', shards[p].n, "@sm", detail::partition_stream_sm_count(slices[p].stream));
-  detail::run_fastest_path(key,
-                           {[&](cudaStream_t s) {
-                              // Where the one launch does not take the shards, this path is the fork/join too.
-                              if (!nvfp4_gemm_domains(x, shards, bias, y, swiglu, slices, s)) fork_join(s);
-                            },
-                            [&](cudaStream_t s) { fork_join(s); }},
-                           static_cast<cudaStream_t>(caller));
+  std::vector<detail::PathCall> paths = {streaming_launch, fork_join_path};
+  if (gemv_launch) paths.push_back(gemv_path);
+  detail::run_fastest_path(key, paths, caller_stream);
   return true;
 }
 

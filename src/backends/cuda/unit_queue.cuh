@@ -60,6 +60,40 @@ struct UnitQueue {
   }
 };
 
+// Runs body(domain, unit) for each unit this CTA takes from the queue (own domain first); body
+// must hold a CTA barrier (thread 0 publishes the next unit after it). Thread 0 asks for its
+// next unit before the body, so that the counter's round trip overlaps it.
+template <class Plan, class Body>
+__device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, int home, Body body) {
+  // Thread 0's queue state lives in shared memory: nothing of it stays in registers through the
+  // body (the weight kernels' bodies need them all).
+  __shared__ int s_domain, s_unit, s_ahead;
+  __shared__ unsigned s_got, s_refused;
+  if (threadIdx.x == 0) {
+    UnitQueue<Plan> q{pl, num_domains, home};
+    q.first(&s_domain, &s_unit);
+    s_refused = q.refused;
+  }
+  while (true) {
+    __syncthreads();  // the unit is published; the previous unit's shared memory is read
+    const int domain = s_domain, unit = s_unit;
+    if (domain < 0) break;
+    if (threadIdx.x == 0) {
+      const UnitQueue<Plan> q{pl, num_domains, home, s_refused};
+      s_ahead = pl.counted ? q.next_domain() : -1;
+      if (s_ahead >= 0) s_got = atomicAdd(pl.counters + s_ahead, 1u);
+    }
+    body(domain, unit);
+    if (threadIdx.x == 0) {
+      UnitQueue<Plan> q{pl, num_domains, home, s_refused};
+      s_domain = -1;
+      if (s_ahead >= 0 && q.accept(s_ahead, s_got, &s_unit)) s_domain = s_ahead;
+      else q.take(&s_domain, &s_unit);
+      s_refused = q.refused;
+    }
+  }
+}
+
 // The id of the SM this CTA runs on (%smid).
 __device__ __forceinline__ unsigned sm_id() {
   unsigned smid;

@@ -1,0 +1,101 @@
+// The NVFP4 decode matrix-vector kernel's domain-aware form (nvfp4_gemv.h): a partitioned NVFP4
+// op's shards in one launch. Persistent CTAs take the one-weight kernel's blocks
+// (nvfp4_gemv_device.cuh) from their SM's domain first, then from the other domains, through the
+// per-domain counters of unit_queue.cuh; each block's outputs go straight into its shard's columns
+// of y. So a partitioned decode product costs no fork/join: no launch per domain, and no join
+// behind the slower domain's last CTA.
+#include <algorithm>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/gemv_domain_plan.h"
+#include "backends/cuda/grid_dependency.cuh"
+#include "backends/cuda/nvfp4_gemv.h"
+#include "backends/cuda/nvfp4_gemv_device.cuh"
+#include "backends/cuda/stream_gemm.h"         // kNoDomain
+#include "backends/cuda/stream_gemm_launch.h"  // resident_ctas_per_sm
+#include "backends/cuda/stream_scratch.h"  // stream_scratch, sm_count_for
+#include "backends/cuda/unit_queue.cuh"
+#include "core/error.h"
+
+namespace locus::cuda::detail {
+namespace {
+
+static_assert(kGemvMaxDomains <= 32, "UnitQueue keeps its refusals in a 32-bit mask");
+
+template <int MB, int TW, int W, bool SWIGLU>
+__global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB, TW))
+    nvfp4_gemv_domains_kernel(const __grid_constant__ Nvfp4GemvDomainArgs a, const __grid_constant__ GemvDomainPlan pl) {
+  __shared__ Nvfp4GemvPartials<MB, TW> partial;
+  launch_dependents();
+  // Which blocks a CTA takes is known only from the counters, which the previous kernel on this
+  // stream may still be leaving at zero: nothing is read before it is done.
+  wait_for_previous_grid();
+  const Nvfp4GemvArgs& c = a.common;
+  for_each_unit(pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain), [&](int domain, int unit) {
+    const GemvUnitPart u = gemv_unit_part(pl, domain, unit);
+    const Nvfp4GemvPart& p = a.parts[u.part];
+    const Nvfp4GemvProblem pr{p.codes, p.scales, p.global_scale, c.x, c.x_ld, static_cast<int>(c.m), p.n, p.col0, p.col0};
+    nvfp4_gemv_block<MB, TW, W, SWIGLU>(c, pr, u.block, partial, [] {});
+  });
+}
+
+// Part p as a product of its own (for the eligibility and block rules).
+Nvfp4GemvArgs part_args(const Nvfp4GemvDomainArgs& a, int p) {
+  Nvfp4GemvArgs one = a.common;
+  one.codes = a.parts[p].codes;
+  one.scales = a.parts[p].scales;
+  one.global_scale = a.parts[p].global_scale;
+  one.n = a.parts[p].n;
+  one.num_indexed = 0;
+  return one;
+}
+
+}  // namespace
+
+bool nvfp4_gemv_domains_eligible(const Nvfp4GemvDomainArgs& a) {
+  if (a.num_parts < 1 || a.num_parts > kGemvMaxParts || a.num_domains < 1 || a.num_domains > kGemvMaxDomains ||
+      a.common.num_indexed != 0)
+    return false;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const Nvfp4GemvPart& p = a.parts[i];
+    if (p.domain < 0 || p.domain >= a.num_domains || p.col0 < 0 || !nvfp4_gemv_eligible(part_args(a, i))) return false;
+  }
+  return true;
+}
+
+Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms) {
+  Nvfp4GemvArgs all = a.common;
+  all.n = 0;
+  for (int i = 0; i < a.num_parts; ++i) all.n += a.parts[i].n;
+  all.num_indexed = 0;
+  return nvfp4_gemv_shape(all, sms);
+}
+
+void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream) {
+  LOCUS_CHECK(nvfp4_gemv_domains_eligible(a), "launch_nvfp4_gemv_domains: the problem is not eligible");
+  const int sms = sm_count_for(stream);
+  const Nvfp4GemvShape shape = nvfp4_gemv_domains_shape(a, sms);
+  int32_t part_domain[kGemvMaxParts];
+  int64_t part_units[kGemvMaxParts];
+  for (int i = 0; i < a.num_parts; ++i) {
+    part_domain[i] = a.parts[i].domain;
+    part_units[i] = nvfp4_gemv_blocks(part_args(a, i), shape);
+  }
+  unsigned* counters = stream_scratch(stream, kGemvMaxDomains, 1).counters;
+  cudaError_t err = cudaSuccess;
+  dispatch_nvfp4_gemv_shape(
+      nvfp4_gemv_token_blocks(a.common), shape.tiles_per_warp, shape.warps_per_slot, a.common.swiglu,
+      [&]<int MB, int TW, int W, bool SW>() {
+        const void* kernel = reinterpret_cast<const void*>(nvfp4_gemv_domains_kernel<MB, TW, W, SW>);
+        const int per_sm = resident_ctas_per_sm(kernel, kernel, kNvfp4GemvThreads, 0);
+        LOCUS_CHECK(per_sm >= 1, "launch_nvfp4_gemv_domains: no CTA fits an SM");
+        GemvDomainPlan pl;
+        plan_gemv_domains(part_domain, part_units, a.num_parts, a.num_domains, counters, int64_t{per_sm} * sms, &pl);
+        DependentLaunch launch(dim3(pl.total_ctas), dim3(kNvfp4GemvThreads), 0, stream, small_op_overlap());
+        err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_domains_kernel<MB, TW, W, SW>, a, pl);
+      });
+  LOCUS_CUDA_CHECK_NAMED(err, "nvfp4_gemv_domains_kernel launch failed");
+}
+
+}  // namespace locus::cuda::detail
