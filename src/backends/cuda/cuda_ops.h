@@ -121,11 +121,13 @@ bool bmm_partitioned_fastest(const Tensor& a, const std::vector<Tensor>& b_shard
 // a 16-row tile.
 bool nvfp4_gemm_domains(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                         const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller);
-// The partitioned NVFP4 GEMM (or GEMM + SwiGLU) at decode M (<= 16 tokens): the faster, timed
+// The partitioned NVFP4 GEMM (or GEMM + SwiGLU) at decode M (<= 16 tokens): the fastest, timed
 // once per problem (path_choice.h), of the streaming kernel's one domain-aware launch
-// (nvfp4_gemm_domains) and `fork_join` (the caller's fork/join of per-partition nvfp4_gemm calls,
+// (nvfp4_gemm_domains), `fork_join` (the caller's fork/join of per-partition nvfp4_gemm calls,
 // each of which times the matrix-vector kernel on its partition, from the origin stream it is
-// given). False, with nothing run, at M = 0 or above 16, or with LOCUS_NVFP4_GEMV=0.
+// given) and the matrix-vector kernel's one domain-aware launch (launch_nvfp4_gemv_domains, where
+// it takes the shards); detail::set_nvfp4_partitioned_path forces one. False, with nothing run,
+// at M = 0 or above 16, or with LOCUS_NVFP4_GEMV=0.
 bool nvfp4_gemm_partitioned_fastest(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                                     const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices, void* caller,
                                     const std::function<void(void*)>& fork_join);
