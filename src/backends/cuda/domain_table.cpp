@@ -13,6 +13,18 @@
 
 namespace locus::cuda::detail {
 
+bool gemv_domain_operands(const Tensor& x, const Tensor& y, const Tensor& bias) {
+  auto on_device_rows = [&](const Tensor& t) {
+    return t.defined() && t.device().is_cuda() && t.device() == x.device() && t.dim() == 2 && t.stride(1) == 1;
+  };
+  auto bf16_or_fp32 = [](const Tensor& t) { return t.dtype() == DType::kBF16 || t.dtype() == DType::kFP32; };
+  if (!on_device_rows(x) || x.dtype() != DType::kBF16 || !on_device_rows(y) || !bf16_or_fp32(y) ||
+      y.size(0) != x.size(0))
+    return false;
+  return !bias.defined() || (bias.device() == x.device() && bias.dim() == 1 && bias.stride(0) == 1 &&
+                             bias.size(0) == y.size(1) && bf16_or_fp32(bias));
+}
+
 bool assign_domains(const std::vector<DomainSlice>& slices, int max_parts, int max_domains, std::vector<int>* domain_of,
                     std::vector<void*>* streams) {
   for (const DomainSlice& s : slices) {

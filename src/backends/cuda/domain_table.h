@@ -9,6 +9,11 @@
 
 namespace locus::cuda::detail {
 
+// Whether x (bf16 [M, K]), y (bf16 or fp32 [M, N]) and bias (undefined, or bf16 or fp32 [N]) are
+// what the matrix-vector kernels' domain-aware launches take: on one CUDA device, rows of unit
+// column stride, a contiguous bias.
+bool gemv_domain_operands(const Tensor& x, const Tensor& y, const Tensor& bias);
+
 // Domain ids for slices: the i-th distinct stream is domain i (domain_of[p] for slice p; streams[i]
 // the stream of domain i). False when there are more than `max_parts` slices or `max_domains`
 // streams.

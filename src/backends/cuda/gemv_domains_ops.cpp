@@ -44,16 +44,10 @@ std::string problem_key(const detail::Bf16GemvDomainArgs& a, const int32_t* doma
 // caller to set). *key: the path choice's key (the problem's and the domains' SM counts).
 bool domain_args(const Tensor& x, const std::vector<Tensor>& shards, const Tensor& bias, const Tensor& y, bool swiglu,
                  const std::vector<DomainSlice>& slices, detail::Bf16GemvDomainArgs* a, std::string* key) {
-  if (!detail::bf16_gemv_enabled() || !g_domains_enabled.on() || shards.size() != slices.size() || !x.defined() ||
-      !x.device().is_cuda())
+  if (!detail::bf16_gemv_enabled() || !g_domains_enabled.on() || shards.size() != slices.size() ||
+      !detail::gemv_domain_operands(x, y, bias))
     return false;
   const int dev = x.device().index;
-  if (!on_device_rows(x, dev) || x.dtype() != DType::kBF16 || !on_device_rows(y, dev) ||
-      (y.dtype() != DType::kBF16 && y.dtype() != DType::kFP32) || y.size(0) != x.size(0))
-    return false;
-  if (bias.defined() && !(bias.device() == x.device() && bias.dim() == 1 && bias.stride(0) == 1 &&
-                          bias.size(0) == y.size(1) && (bias.dtype() == DType::kBF16 || bias.dtype() == DType::kFP32)))
-    return false;
   std::vector<int> domain_of;
   std::vector<void*> streams;
   const int per_shard = swiglu ? 2 : 1;

@@ -41,13 +41,7 @@ bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>
                             Nvfp4GemvDomainArgs* a) {
   std::vector<int> domain_of;
   std::vector<void*> streams;
-  const bool operands = x.dim() == 2 && x.dtype() == DType::kBF16 && x.device().is_cuda() && y.dim() == 2 &&
-                        (y.dtype() == DType::kBF16 || y.dtype() == DType::kFP32) && y.stride(1) == 1 &&
-                        y.device() == x.device() &&
-                        (!bias.defined() || ((bias.dtype() == DType::kBF16 || bias.dtype() == DType::kFP32) &&
-                                             bias.dim() == 1 && bias.stride(0) == 1 && bias.size(0) == y.size(1) &&
-                                             bias.device() == x.device()));
-  if (!operands || shards.empty() || shards.size() != slices.size() ||
+  if (!gemv_domain_operands(x, y, bias) || shards.empty() || shards.size() != slices.size() ||
       !assign_domains(slices, kGemvMaxParts, kGemvMaxDomains, &domain_of, &streams))
     return false;
   a->common = nvfp4_gemv_args(x, shards[0], bias, y, swiglu);
