@@ -207,11 +207,12 @@ int main(int argc, char** argv) {
   if (gemv_sweep) {
     // The NVFP4 matrix-vector kernel in each block shape, beside the streaming kernel.
     std::mt19937_64 srng(11);
-    const std::vector<cuda::detail::Nvfp4GemvShape> gemv_shapes = {{1, 1}, {1, 2}, {1, 4}, {1, 8},
-                                                                  {2, 1}, {2, 2}, {2, 4}, {2, 8}};
-    std::printf("\nNVFP4 matrix-vector kernel sweep (us per call; tTwW: T tiles a warp, W warps a slot; heur: the built-in "
-                "shape; stream: the streaming kernel)\n%-22s %7s %7s", "shape", "stream", "heur");
-    for (const auto& g : gemv_shapes) std::printf("    t%dw%d", g.tiles_per_warp, g.warps_per_slot);
+    const std::vector<cuda::detail::Nvfp4GemvShape> gemv_shapes = {
+        {1, 1}, {1, 2}, {1, 4}, {1, 8}, {2, 1}, {2, 2}, {2, 4}, {2, 8}, {1, 1, true}, {1, 2, true}, {1, 4, true}, {1, 8, true}};
+    std::printf("\nNVFP4 matrix-vector kernel sweep (us per call; tTwW: T tiles a warp, W warps a slot, L: the lean form "
+                "(9-16 tokens only); heur: the built-in shape; stream: the streaming kernel)\n%-22s %7s %7s",
+                "shape", "stream", "heur");
+    for (const auto& g : gemv_shapes) std::printf("   t%dw%d%s", g.tiles_per_warp, g.warps_per_slot, g.lean ? "L" : " ");
     std::printf("\n");
     for (auto [N, K] : shapes) {
       const int R = rotating_copies(double(N) * K * 0.5625, 32);
@@ -234,6 +235,10 @@ int main(int argc, char** argv) {
         cuda::set_nvfp4_gemv_enabled(true);
         std::printf(" %7.1f", time_calls([&](int r) { cuda::detail::launch_nvfp4_gemv(fp4_gemv_args(x, f[r], y), s); }));
         for (const auto& shape : gemv_shapes) {
+          if (shape.lean && M <= 8) {
+            std::printf(" %7s", "-");
+            continue;
+          }
           cuda::detail::set_nvfp4_gemv_shape(shape);
           std::printf(" %7.1f",
                       time_calls([&](int r) { cuda::detail::launch_nvfp4_gemv(fp4_gemv_args(x, f[r], y), s); }));

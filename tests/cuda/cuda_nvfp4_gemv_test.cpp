@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
@@ -62,8 +63,16 @@ TEST_P(CudaNvfp4Gemv, EachBlockShapeMatchesFp64InItsColumnsOnlyAndRepeatsItsBits
     for (const int warps : {1, 2, 4, 8}) {
       SCOPED_TRACE(::testing::Message() << tiles << " tiles a warp, " << warps << " warps a slot");
       const Nvfp4GemvShape shape{tiles, warps};
-      expect_slice_and_repeats(y, kLeft, c.n, ref, tol,
-                               [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv(a, shape, s); }, caller_);
+      const Tensor bits = expect_slice_and_repeats(
+          y, kLeft, c.n, ref, tol, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv(a, shape, s); }, caller_);
+      if (tiles == 1 && cuda::detail::nvfp4_gemv_lean_fits(a)) {
+        // The lean form adds the same products in the same order: the same bits.
+        SCOPED_TRACE("the lean form");
+        const Nvfp4GemvShape lean{1, warps, true};
+        const Tensor lean_bits = expect_slice_and_repeats(
+            y, kLeft, c.n, ref, tol, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv(a, lean, s); }, caller_);
+        EXPECT_TRUE(bitwise_equal(lean_bits, bits));
+      }
     }
   }
 }
@@ -90,6 +99,25 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaNvfp4Gemv,
                                            Fp4GemvCase{5, 48, 1040, DType::kBF16, 0, true},
                                            Fp4GemvCase{16, 256, 2048, DType::kFP32, 0, true},
                                            Fp4GemvCase{11, 16, 80, DType::kBF16, 0, true}));
+
+TEST(CudaNvfp4GemvRules, TheLeanFormTakesTwoBlocksOfTokensOfOneWeightWithoutSwiglu) {
+  Nvfp4GemvArgs a;
+  a.n = 64;
+  a.k = 512;
+  for (const int64_t m : {1, 8, 9, 16}) {
+    a.m = m;
+    EXPECT_EQ(cuda::detail::nvfp4_gemv_lean_fits(a), m > 8) << m;
+  }
+  Nvfp4GemvArgs b = a;
+  b.swiglu = true;
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_lean_fits(b));
+  b = a;
+  b.num_indexed = 1;  // by id: one token an entry
+  b.indexed[0].entries = 16;
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_lean_fits(b));
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, true), 3);
+  EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, false), 2);
+}
 
 TEST(CudaNvfp4GemvRules, TakesOnlyAlignedDecodeProblems) {
   alignas(16) static uint8_t codes[64];
@@ -140,9 +168,18 @@ TEST(CudaNvfp4GemvRules, ShortShapesSplitKIntoPartsOfAboutEightTileChunks) {
   EXPECT_EQ(cuda::detail::nvfp4_gemv_short_shape(a, 1).warps_per_slot, 1);
 }
 
-// On 132 SMs (3 resident CTAs an SM with one tile a warp and up to 8 tokens, else 2), the shape
-// whose waves are fullest, as the twenty-ninth session's sweep found fastest.
+// On 132 SMs (3 resident CTAs an SM with one tile a warp and up to 8 tokens, or in the lean form,
+// else 2), the shape whose waves are fullest, as the twenty-ninth and thirty-first sessions'
+// sweeps found fastest.
 TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
+  auto lean_shape = [](int64_t m, int64_t n, int64_t k, bool allow_lean = true) {
+    Nvfp4GemvArgs a;
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    const Nvfp4GemvShape s = cuda::detail::nvfp4_gemv_shape(a, 132, allow_lean);
+    return std::make_tuple(s.tiles_per_warp, s.warps_per_slot, s.lean);
+  };
   auto shape = [](int64_t m, int64_t n, int64_t k, bool swiglu, int entries) {
     Nvfp4GemvArgs a;
     a.m = m;
@@ -162,14 +199,26 @@ TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   EXPECT_EQ(shape(1, 24576, 1536, false, 0), P(1, 2));  // 384 of 396
   EXPECT_EQ(shape(1, 32768, 512, false, 0), P(2, 2));   // 256 of 264
   EXPECT_EQ(shape(1, 7168, 2048, false, 0), P(2, 8));
-  EXPECT_EQ(shape(16, 18432, 7168, false, 0), P(1, 8));  // 2 CTAs an SM at 16 tokens: 4.4 of 5 waves
   EXPECT_EQ(shape(16, 7168, 7168, false, 0), P(2, 8));   // a tie (224 of 264 against 448 of 528): two tiles
-  EXPECT_EQ(shape(16, 24576, 1536, false, 0), P(2, 2));  // the same (192 of 264 against 384 of 528)
+  using L = std::tuple<int, int, bool>;
+  // 16 tokens: the lean form where its 3 CTAs an SM fill the waves better.
+  EXPECT_EQ(lean_shape(16, 18432, 7168), L(1, 8, true));  // 1152 short CTAs: 2.9 of 3 waves (4.4 of 5 at 2)
+  EXPECT_EQ(lean_shape(16, 24576, 1536), L(1, 2, true));  // 384 of 396 (two tiles: 192 of 264)
+  EXPECT_EQ(lean_shape(16, 4096, 7168), L(1, 8, false));  // 256 of 264 already; lean 256 of 396
+  EXPECT_EQ(lean_shape(16, 32768, 512), L(2, 2, false));  // 128 of 264 (a tie with one tile: two); lean 256 of 396
+  EXPECT_EQ(lean_shape(16, 7168, 2048), L(2, 8, false));  // 224 of 264; lean 224 of 396
+  EXPECT_EQ(lean_shape(16, 7168, 18432), L(2, 8, false));
+  EXPECT_EQ(lean_shape(16, 18432, 7168, false), L(1, 8, false));  // the domain-aware kernel's: never lean
+  EXPECT_EQ(lean_shape(16, 24576, 1536, false), L(2, 2, false));
+  EXPECT_EQ(lean_shape(8, 18432, 7168), L(1, 8, false));  // one block of tokens: no lean form
   EXPECT_EQ(shape(1, 2048, 7168, true, 9), P(2, 8));     // a MoE's gate/up by id, 9 entries: short CTAs
   EXPECT_EQ(shape(1, 7168, 2048, false, 9), P(2, 1));    // its down projection: 252 CTAs of 264
   cuda::detail::set_nvfp4_gemv_shape({1, 4});            // forced (SwiGLU keeps its 2 tiles)
   EXPECT_EQ(shape(1, 7168, 7168, false, 0), P(1, 4));
   EXPECT_EQ(shape(1, 2048, 7168, true, 0), P(2, 4));
+  cuda::detail::set_nvfp4_gemv_shape({1, 4, true});  // forced lean, where the form fits
+  EXPECT_EQ(lean_shape(16, 7168, 7168), L(1, 4, true));
+  EXPECT_EQ(lean_shape(4, 7168, 7168), L(1, 4, false));
   cuda::detail::set_nvfp4_gemv_shape({0, 0});
 }
 

@@ -67,9 +67,12 @@ struct Nvfp4GemvArgs {
   Nvfp4GemvIndexed indexed[kNvfp4GemvMaxProducts];
 };
 
-// CTAs an SM the kernels' launch bounds promise, by blocks of 8 tokens and tiles a warp: three
-// where one tile and one block of tokens leave the registers for it (80 a thread), else two.
-__host__ __device__ constexpr int nvfp4_gemv_resident_ctas(int mb, int tw) { return mb * tw == 1 ? 3 : 2; }
+// CTAs an SM the kernels' launch bounds promise, by blocks of 8 tokens, tiles a warp and form:
+// three where the registers allow 80 a thread (one tile and one block of tokens, or the lean
+// form), else two.
+__host__ __device__ constexpr int nvfp4_gemv_resident_ctas(int mb, int tw, bool lean = false) {
+  return lean || mb * tw == 1 ? 3 : 2;
+}
 
 // The arguments of y = x w^T (+ bias; with swiglu, SwiGLU of w's gate and up halves) for
 // tensors on the device: x bf16 [m, k], w prepared (kCudaTiled), y bf16/fp32 [m, n] rows of unit
@@ -86,19 +89,30 @@ bool nvfp4_gemv_eligible(const Nvfp4GemvArgs& a);
 // The block shape a launch takes: `tiles_per_warp` 16-row tiles a warp streams side by side (they
 // share its activation loads; with SwiGLU always 2: a gate tile and its up tile) and
 // `warps_per_slot` warps that split K of one such slot (8 / warps_per_slot slots a CTA).
+// `lean` (only with two blocks of tokens, one tile a warp, no SwiGLU: nvfp4_gemv_lean_fits): each
+// chunk's activations are loaded just before its products, so a thread fits 80 registers and an
+// SM holds 3 CTAs instead of 2. Each warp then waits on its activation loads, but more warps
+// stream: faster where the extra CTAs fill waves that 2 an SM would leave part empty (the
+// thirty-first session's sweep: 18432 x 7168 and 24576 x 1536 at 16 tokens), slower where 2 an
+// SM already fill them.
 struct Nvfp4GemvShape {
   int tiles_per_warp = 1;
   int warps_per_slot = 8;
+  bool lean = false;
 };
+// Whether the lean form takes the problem: two blocks of tokens (9-16), one weight, no SwiGLU.
+bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a);
 // The shape a launch takes when none is given, for a problem on `sms` SMs. Candidates: per tile
 // count a warp (2, whose activation loads serve two tiles, and 1; SwiGLU: 2) the most warps a slot
 // whose CTAs are all resident at once (one wave: each CTA's warps stream at their own pace to the
 // end), and the many short CTAs of nvfp4_gemv_short_shape (waves that the block scheduler
 // balances). It takes the one whose waves are fullest (CTAs over resident CTAs, over whole waves;
 // a tie goes to two tiles a warp): the fastest shape, or within 7 % of it (4 % in all but 3 of
-// 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md). A forced shape
-// (set_nvfp4_gemv_shape) wins.
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms);
+// 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md). With `allow_lean`
+// and where the lean form fits, one tile a warp in that form (short CTAs or one wave, at 3 CTAs
+// an SM) then wins at strictly fuller waves. A forced shape (set_nvfp4_gemv_shape) wins; its
+// lean flag is dropped where the form does not fit.
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean = true);
 // Warps split K so that each warp's part is about 8 tile chunks long (two batches in flight,
 // then two more).
 Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp);
@@ -180,7 +194,7 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
 bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                             const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices,
                             Nvfp4GemvDomainArgs* a);
-// The block shape launch_nvfp4_gemv_domains takes on `sms` SMs.
+// The block shape launch_nvfp4_gemv_domains takes on `sms` SMs (never the lean form).
 Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms);
 
 }  // namespace locus::cuda::detail

@@ -50,14 +50,18 @@ template <int MB, int TW>
 using Nvfp4GemvPartials = float4[kNvfp4GemvWarps][TW][MB][32];
 
 // Block `block` (slots [block R, +R), R = 8 / W) of product `pr`: MB blocks of 8 tokens, TW tiles
-// a slot, W warps a slot, SwiGLU (TW == 2: gate and up tile). `after_first` runs once the first
-// batch of weights is asked for, before any activation is read (the one-weight kernel waits there
-// for the previous kernel). Ends with the outputs written; callers that reuse `partial` need a
-// barrier first.
-template <int MB, int TW, int W, bool SWIGLU, class Hook>
+// a slot, W warps a slot, SwiGLU (TW == 2: gate and up tile). LEAN (two blocks of tokens, one
+// tile): each chunk's activations are loaded just before its products instead of a batch's all
+// at once, which keeps a thread within the 80 registers of 3 CTAs an SM (see Nvfp4GemvShape::lean);
+// the products are added in the same order, so the outputs have the same bits. `after_first` runs
+// once the first batch of weights is asked for, before any activation is read (the one-weight
+// kernel waits there for the previous kernel). Ends with the outputs written; callers that reuse
+// `partial` need a barrier first.
+template <int MB, int TW, int W, bool SWIGLU, bool LEAN, class Hook>
 __device__ __forceinline__ void nvfp4_gemv_block(const Nvfp4GemvArgs& a, const Nvfp4GemvProblem& pr, int64_t block,
                                                  Nvfp4GemvPartials<MB, TW>& partial, Hook after_first) {
   static_assert(!SWIGLU || TW == 2, "SwiGLU pairs a gate tile with its up tile");
+  static_assert(!LEAN || (MB == 2 && TW == 1), "the lean form is for two blocks of tokens and one tile");
   constexpr int R = kNvfp4GemvWarps / W;  // slots a CTA
   constexpr int U = TW * MB == 1 ? 4 : 2;  // chunks a batch: fewer where registers run short
   constexpr int kOutTiles = SWIGLU ? 1 : TW;
@@ -130,24 +134,38 @@ __device__ __forceinline__ void nvfp4_gemv_block(const Nvfp4GemvArgs& a, const N
       for (int r = 0; r < 4; ++r) acc[j][b][r] = 0.f;
 
   // Batch c (in `cur`): its activations loaded, the next batch's weights asked for (into `next`),
-  // then the products. kFull: both batches are whole and every activation exists (no predicates).
+  // then the products (LEAN: the next batch asked for first, then each chunk's activations just
+  // before its products). kFull: both batches are whole and every activation exists (no
+  // predicates).
   auto step = [&](auto full, int c, const Batch& cur, Batch& next) {
     constexpr bool kFull = decltype(full)::value;
-    uint4 xv[U][MB][2];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
+    auto load_x = [&](int chunk, uint4 (&dst)[MB][2]) {
 #pragma unroll
       for (int b = 0; b < MB; ++b) {
-        const bool ok = kFull || c + u < x_end;
-        const uint4* xp = reinterpret_cast<const uint4*>(x_lane[b] + 64 * (c + u));
-        xv[u][b][0] = ok ? __ldg(xp) : zero;
-        xv[u][b][1] = ok ? __ldg(xp + 1) : zero;
+        const bool ok = kFull || chunk < x_end;
+        const uint4* xp = reinterpret_cast<const uint4*>(x_lane[b] + 64 * chunk);
+        dst[b][0] = ok ? __ldg(xp) : zero;
+        dst[b][1] = ok ? __ldg(xp + 1) : zero;
       }
-    load_batch(full, c + U, next);
+    };
+    if constexpr (LEAN) {
+      load_batch(full, c + U, next);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u) {
+        uint4 xv[MB][2];
+        load_x(c + u, xv);
+        nvfp4_chunk_mma<MB>(cur.w[0][u], cur.s[0][u], xv, acc[0]);
+      }
+    } else {
+      uint4 xv[U][MB][2];
 #pragma unroll
-      for (int j = 0; j < TW; ++j) nvfp4_chunk_mma<MB>(cur.w[j][u], cur.s[j][u], xv[u], acc[j]);
+      for (int u = 0; u < U; ++u) load_x(c + u, xv[u]);
+      load_batch(full, c + U, next);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < TW; ++j) nvfp4_chunk_mma<MB>(cur.w[j][u], cur.s[j][u], xv[u], acc[j]);
+    }
   };
   // Whole steps while both batches' weights are before c_end and their activations whole; the
   // bounds are the warp's, so the whole warp takes the same branch (mma.sync needs all its lanes).
@@ -205,22 +223,28 @@ __device__ __forceinline__ void nvfp4_gemv_block(const Nvfp4GemvArgs& a, const N
   }
 }
 
-// Calls launch.template operator()<MB, TW, W, SWIGLU>() for a block shape: mb blocks of 8 tokens,
-// tw tiles a warp (SwiGLU: 2), w warps a slot.
+// Calls launch.template operator()<MB, TW, W, SWIGLU, LEAN>() for a block shape: mb blocks of 8
+// tokens, tw tiles a warp (SwiGLU: 2), w warps a slot, the lean form (only with two blocks of
+// tokens and one tile, not SwiGLU; nvfp4_gemv_lean_fits).
 template <class Launch>
-void dispatch_nvfp4_gemv_shape(int mb, int tw, int w, bool swiglu, Launch&& launch) {
-  auto with_w = [&]<int MB, int TW, bool SW>() {
+void dispatch_nvfp4_gemv_shape(int mb, int tw, int w, bool swiglu, bool lean, Launch&& launch) {
+  auto with_w = [&]<int MB, int TW, bool SW, bool LEAN>() {
     switch (w) {
-      case 1: launch.template operator()<MB, TW, 1, SW>(); break;
-      case 2: launch.template operator()<MB, TW, 2, SW>(); break;
-      case 4: launch.template operator()<MB, TW, 4, SW>(); break;
-      default: launch.template operator()<MB, TW, 8, SW>(); break;
+      case 1: launch.template operator()<MB, TW, 1, SW, LEAN>(); break;
+      case 2: launch.template operator()<MB, TW, 2, SW, LEAN>(); break;
+      case 4: launch.template operator()<MB, TW, 4, SW, LEAN>(); break;
+      default: launch.template operator()<MB, TW, 8, SW, LEAN>(); break;
     }
   };
   auto with_tiles = [&]<int MB>() {
-    if (swiglu) with_w.template operator()<MB, 2, true>();
-    else if (tw == 2) with_w.template operator()<MB, 2, false>();
-    else with_w.template operator()<MB, 1, false>();
+    if (swiglu) with_w.template operator()<MB, 2, true, false>();
+    else if (tw == 2) with_w.template operator()<MB, 2, false, false>();
+    else if constexpr (MB == 2) {
+      if (lean) with_w.template operator()<MB, 1, false, true>();
+      else with_w.template operator()<MB, 1, false, false>();
+    } else {
+      with_w.template operator()<MB, 1, false, false>();
+    }
   };
   if (mb == 1) with_tiles.template operator()<1>();
   else with_tiles.template operator()<2>();

@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB
     const GemvUnitPart u = gemv_unit_part(pl, domain, unit);
     const Nvfp4GemvPart& p = a.parts[u.part];
     const Nvfp4GemvProblem pr{p.codes, p.scales, p.global_scale, c.x, c.x_ld, static_cast<int>(c.m), p.n, p.col0, p.col0};
-    nvfp4_gemv_block<MB, TW, W, SWIGLU>(c, pr, u.block, partial, [] {});
+    nvfp4_gemv_block<MB, TW, W, SWIGLU, false>(c, pr, u.block, partial, [] {});
   });
 }
 
@@ -69,7 +69,7 @@ Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms) {
   all.n = 0;
   for (int i = 0; i < a.num_parts; ++i) all.n += a.parts[i].n;
   all.num_indexed = 0;
-  return nvfp4_gemv_shape(all, sms);
+  return nvfp4_gemv_shape(all, sms, /*allow_lean=*/false);
 }
 
 void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream) {
@@ -85,8 +85,9 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
   unsigned* counters = stream_scratch(stream, kGemvMaxDomains, 1).counters;
   cudaError_t err = cudaSuccess;
   dispatch_nvfp4_gemv_shape(
-      nvfp4_gemv_token_blocks(a.common), shape.tiles_per_warp, shape.warps_per_slot, a.common.swiglu,
-      [&]<int MB, int TW, int W, bool SW>() {
+      nvfp4_gemv_token_blocks(a.common), shape.tiles_per_warp, shape.warps_per_slot, a.common.swiglu, false,
+      [&]<int MB, int TW, int W, bool SW, bool LEAN>() {
+        if constexpr (LEAN) return;  // not dispatched: the domain-aware kernel has no lean form
         const void* kernel = reinterpret_cast<const void*>(nvfp4_gemv_domains_kernel<MB, TW, W, SW>);
         const int per_sm = resident_ctas_per_sm(kernel, kernel, kNvfp4GemvThreads, 0);
         LOCUS_CHECK(per_sm >= 1, "launch_nvfp4_gemv_domains: no CTA fits an SM");

@@ -24,8 +24,8 @@ Nvfp4GemvShape g_forced{0, 0};
 
 // Block blockIdx.x of one weight's product, or with INDEXED of a by-id entry's (blockIdx.z the
 // product, blockIdx.y its entry); see nvfp4_gemv_block for the other parameters.
-template <int MB, int TW, int W, bool SWIGLU, bool INDEXED>
-__global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB, TW))
+template <int MB, int TW, int W, bool SWIGLU, bool LEAN, bool INDEXED>
+__global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB, TW, LEAN))
     nvfp4_gemv_kernel(Nvfp4GemvArgs a) {
   static_assert(!INDEXED || MB == 1, "a by-id entry is one token");
   __shared__ Nvfp4GemvPartials<MB, TW> partial;
@@ -48,11 +48,11 @@ __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB
                               a.n,
                               ip.y_offset + entry * ip.y_ld,
                               0};
-    nvfp4_gemv_block<MB, TW, W, SWIGLU>(a, pr, blockIdx.x, partial, [] {});
+    nvfp4_gemv_block<MB, TW, W, SWIGLU, LEAN>(a, pr, blockIdx.x, partial, [] {});
   } else {
     const Nvfp4GemvProblem pr{a.codes, a.scales, a.global_scale, a.x, a.x_ld, static_cast<int>(a.m), a.n, 0, 0};
     // The weights do not depend on the kernel before; the activations and y do.
-    nvfp4_gemv_block<MB, TW, W, SWIGLU>(a, pr, blockIdx.x, partial, [] {
+    nvfp4_gemv_block<MB, TW, W, SWIGLU, LEAN>(a, pr, blockIdx.x, partial, [] {
       launch_dependents();
       wait_for_previous_grid();
     });
@@ -87,6 +87,10 @@ bool nvfp4_gemv_eligible(const Nvfp4GemvArgs& a) {
 
 int nvfp4_gemv_token_blocks(const Nvfp4GemvArgs& a) { return a.num_indexed > 0 || a.m <= 8 ? 1 : 2; }
 
+bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a) {
+  return a.num_indexed == 0 && !a.swiglu && nvfp4_gemv_token_blocks(a) == 2;
+}
+
 int64_t nvfp4_gemv_blocks(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape) {
   const int64_t per_cta = kNvfp4GemvWarps / shape.warps_per_slot;
   return (slots_per_weight(a, shape.tiles_per_warp) + per_cta - 1) / per_cta;
@@ -95,8 +99,8 @@ int64_t nvfp4_gemv_blocks(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape) {
 namespace {
 
 // CTAs of the kernel resident on one SM: what its launch bounds promise.
-int resident_ctas_per_sm(const Nvfp4GemvArgs& a, int tiles_per_warp) {
-  return nvfp4_gemv_resident_ctas(nvfp4_gemv_token_blocks(a), tiles_per_warp);
+int resident_ctas_per_sm(const Nvfp4GemvArgs& a, Nvfp4GemvShape s) {
+  return nvfp4_gemv_resident_ctas(nvfp4_gemv_token_blocks(a), s.tiles_per_warp, s.lean);
 }
 
 // Slots (one warp's tiles) of the whole launch, every by-id entry's included.
@@ -115,8 +119,9 @@ int64_t ctas_of(const Nvfp4GemvArgs& a, Nvfp4GemvShape s) {
 }
 
 // The most warps a slot whose CTAs are all resident at once; 0 where even one warp a slot is not.
-int one_wave_warps(const Nvfp4GemvArgs& a, int tiles_per_warp, int sms) {
-  const int64_t chunks = (a.k + 63) / 64, resident = int64_t{resident_ctas_per_sm(a, tiles_per_warp)} * sms;
+int one_wave_warps(const Nvfp4GemvArgs& a, int tiles_per_warp, bool lean, int sms) {
+  const int64_t chunks = (a.k + 63) / 64;
+  const int64_t resident = int64_t{resident_ctas_per_sm(a, {tiles_per_warp, 1, lean})} * sms;
   for (int w = kNvfp4GemvWarps; w >= 1; w /= 2)
     if (w <= chunks && ctas_of(a, {tiles_per_warp, w}) <= resident) return w;
   return 0;
@@ -131,14 +136,17 @@ Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp
   return s;
 }
 
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms) {
-  if (g_forced.warps_per_slot > 0)
-    return {a.swiglu ? 2 : g_forced.tiles_per_warp > 0 ? g_forced.tiles_per_warp : 1, g_forced.warps_per_slot};
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean) {
+  const bool lean_fits = allow_lean && nvfp4_gemv_lean_fits(a);
+  if (g_forced.warps_per_slot > 0) {
+    const int tiles = a.swiglu ? 2 : g_forced.tiles_per_warp > 0 ? g_forced.tiles_per_warp : 1;
+    return {tiles, g_forced.warps_per_slot, g_forced.lean && tiles == 1 && lean_fits};
+  }
   const int short_tiles = a.swiglu ? 2 : 1;
   Nvfp4GemvShape best = nvfp4_gemv_short_shape(a, short_tiles);
   // How full its waves are: resident-CTA slots used over those of its whole waves.
   auto fill = [&](Nvfp4GemvShape s) {
-    const double waves = double(ctas_of(a, s)) / (double(resident_ctas_per_sm(a, s.tiles_per_warp)) * sms);
+    const double waves = double(ctas_of(a, s)) / (double(resident_ctas_per_sm(a, s)) * sms);
     return waves / std::ceil(waves);
   };
   double best_fill = fill(best);
@@ -146,9 +154,16 @@ Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms) {
   // activation loads), then one tile a warp at a higher fill.
   for (const int tiles : {2, 1}) {
     if (a.swiglu && tiles == 1) continue;  // SwiGLU streams a gate tile with its up tile
-    const int w = one_wave_warps(a, tiles, sms);
+    const int w = one_wave_warps(a, tiles, false, sms);
     if (w > 0 && (tiles == 2 ? fill({tiles, w}) >= best_fill : fill({tiles, w}) > best_fill))
       best = {tiles, w}, best_fill = fill(best);
+  }
+  if (lean_fits) {  // one tile a warp at 3 CTAs an SM, where that fills the waves better
+    Nvfp4GemvShape lean = nvfp4_gemv_short_shape(a, 1);
+    lean.lean = true;
+    const int w = one_wave_warps(a, 1, true, sms);
+    for (const Nvfp4GemvShape s : {lean, Nvfp4GemvShape{1, w, true}})
+      if (s.warps_per_slot > 0 && fill(s) > best_fill) best = s, best_fill = fill(s);
   }
   return best;
 }
@@ -176,6 +191,10 @@ void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape, cudaStream_
                    shape.warps_per_slot == 8),
               "nvfp4_gemv: no kernel for ", shape.tiles_per_warp, " tiles and ", shape.warps_per_slot,
               " warps a slot", a.swiglu ? " with SwiGLU" : "");
+  LOCUS_CHECK(!shape.lean || (shape.tiles_per_warp == 1 && nvfp4_gemv_lean_fits(a)),
+              "nvfp4_gemv: the lean form takes one tile a warp, 9-16 tokens of one weight and no SwiGLU (M = ", a.m,
+              ", ", shape.tiles_per_warp, " tiles a warp", a.swiglu ? ", SwiGLU" : "",
+              a.num_indexed > 0 ? ", by id" : "", ")");
   // By-id products: a row of CTAs per entry (y) and per product (z).
   int max_entries = 1;
   for (int i = 0; i < a.num_indexed; ++i) max_entries = std::max(max_entries, static_cast<int>(a.indexed[i].entries));
@@ -183,17 +202,18 @@ void launch_nvfp4_gemv(const Nvfp4GemvArgs& a, Nvfp4GemvShape shape, cudaStream_
                   static_cast<unsigned>(std::max(1, static_cast<int>(a.num_indexed))));
   DependentLaunch launch(grid, dim3(kNvfp4GemvThreads), 0, stream, small_op_overlap());
   cudaError_t err = cudaSuccess;
-  dispatch_nvfp4_gemv_shape(nvfp4_gemv_token_blocks(a), shape.tiles_per_warp, shape.warps_per_slot, a.swiglu,
-                            [&]<int MB, int TW, int W, bool SW>() {
-                              // By-id entries are one token each.
-                              if constexpr (MB == 1) {
-                                if (a.num_indexed > 0) {
-                                  err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_kernel<MB, TW, W, SW, true>, a);
-                                  return;
-                                }
-                              }
-                              err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_kernel<MB, TW, W, SW, false>, a);
-                            });
+  dispatch_nvfp4_gemv_shape(
+      nvfp4_gemv_token_blocks(a), shape.tiles_per_warp, shape.warps_per_slot, a.swiglu, shape.lean,
+      [&]<int MB, int TW, int W, bool SW, bool LEAN>() {
+        // By-id entries are one token each.
+        if constexpr (MB == 1) {
+          if (a.num_indexed > 0) {
+            err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_kernel<MB, TW, W, SW, LEAN, true>, a);
+            return;
+          }
+        }
+        err = cudaLaunchKernelEx(&launch.config, nvfp4_gemv_kernel<MB, TW, W, SW, LEAN, false>, a);
+      });
   LOCUS_CUDA_CHECK_NAMED(err, "nvfp4_gemv_kernel launch failed");
 }
 
