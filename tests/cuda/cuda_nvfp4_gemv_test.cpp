@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -117,6 +118,28 @@ TEST(CudaNvfp4GemvRules, TheLeanFormTakesTwoBlocksOfTokensOfOneWeightWithoutSwig
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_lean_fits(b));
   EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, true), 3);
   EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, false), 2);
+  // A launch asked for the lean form where it does not fit is refused before anything runs.
+  alignas(16) static uint8_t codes[64];
+  alignas(16) static uint16_t buf[64];
+  const float scale = 1.f;
+  Nvfp4GemvArgs c;
+  c.x = buf;
+  c.codes = codes;
+  c.scales = buf;
+  c.global_scale = &scale;
+  c.m = 4;
+  c.n = 4;
+  c.k = 16;
+  c.x_ld = 16;
+  ASSERT_TRUE(cuda::detail::nvfp4_gemv_eligible(c));
+  try {
+    cuda::detail::launch_nvfp4_gemv(c, Nvfp4GemvShape{1, 4, true}, nullptr);
+    ADD_FAILURE() << "a lean launch at 4 tokens was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lean form"), std::string::npos) << e.what();
+  }
+  c.m = 12;  // two blocks of tokens, but two tiles a warp
+  EXPECT_THROW(cuda::detail::launch_nvfp4_gemv(c, Nvfp4GemvShape{2, 4, true}, nullptr), Error);
 }
 
 TEST(CudaNvfp4GemvRules, TakesOnlyAlignedDecodeProblems) {
