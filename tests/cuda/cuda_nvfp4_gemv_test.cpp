@@ -101,6 +101,23 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaNvfp4Gemv,
                                            Fp4GemvCase{16, 256, 2048, DType::kFP32, 0, true},
                                            Fp4GemvCase{11, 16, 80, DType::kBF16, 0, true}));
 
+// One token, 4 outputs, K = 16 over host buffers: what the rules take (nothing is launched).
+alignas(16) const uint8_t kTinyCodes[64] = {};
+alignas(16) const uint16_t kTinyBuf[64] = {};
+const float kTinyScale = 1.f;
+Nvfp4GemvArgs tiny_eligible_args() {
+  Nvfp4GemvArgs a;
+  a.x = kTinyBuf;
+  a.codes = kTinyCodes;
+  a.scales = kTinyBuf;
+  a.global_scale = &kTinyScale;
+  a.m = 1;
+  a.n = 4;
+  a.k = 16;
+  a.x_ld = 16;
+  return a;
+}
+
 TEST(CudaNvfp4GemvRules, TheLeanFormTakesTwoBlocksOfTokensOfOneWeightWithoutSwiglu) {
   Nvfp4GemvArgs a;
   a.n = 64;
@@ -119,18 +136,8 @@ TEST(CudaNvfp4GemvRules, TheLeanFormTakesTwoBlocksOfTokensOfOneWeightWithoutSwig
   EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, true), 3);
   EXPECT_EQ(cuda::detail::nvfp4_gemv_resident_ctas(2, 1, false), 2);
   // A launch asked for the lean form where it does not fit is refused before anything runs.
-  alignas(16) static uint8_t codes[64];
-  alignas(16) static uint16_t buf[64];
-  const float scale = 1.f;
-  Nvfp4GemvArgs c;
-  c.x = buf;
-  c.codes = codes;
-  c.scales = buf;
-  c.global_scale = &scale;
+  Nvfp4GemvArgs c = tiny_eligible_args();
   c.m = 4;
-  c.n = 4;
-  c.k = 16;
-  c.x_ld = 16;
   ASSERT_TRUE(cuda::detail::nvfp4_gemv_eligible(c));
   try {
     cuda::detail::launch_nvfp4_gemv(c, Nvfp4GemvShape{1, 4, true}, nullptr);
@@ -143,27 +150,16 @@ TEST(CudaNvfp4GemvRules, TheLeanFormTakesTwoBlocksOfTokensOfOneWeightWithoutSwig
 }
 
 TEST(CudaNvfp4GemvRules, TakesOnlyAlignedDecodeProblems) {
-  alignas(16) static uint8_t codes[64];
-  alignas(16) static uint16_t buf[64];
-  const float scale = 1.f;
-  Nvfp4GemvArgs a;
-  a.x = buf;
-  a.codes = codes;
-  a.scales = buf;
-  a.global_scale = &scale;
-  a.m = 1;
-  a.n = 4;
-  a.k = 16;
-  a.x_ld = 16;
-  EXPECT_TRUE(cuda::detail::nvfp4_gemv_eligible(a));
+  const Nvfp4GemvArgs a = tiny_eligible_args();
   Nvfp4GemvArgs b = a;
+  b.x = kTinyBuf + 1;  // rows not 16-byte aligned
+  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
+  EXPECT_TRUE(cuda::detail::nvfp4_gemv_eligible(a));
+  b = a;
   b.m = cuda::detail::kNvfp4GemvMaxM + 1;
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
   b = a;
   b.k = 24;  // not whole scale blocks
-  EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
-  b = a;
-  b.x = buf + 1;  // rows not 16-byte aligned
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
   b = a;
   b.m = 2;
@@ -174,7 +170,7 @@ TEST(CudaNvfp4GemvRules, TakesOnlyAlignedDecodeProblems) {
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
   b.n = 16;
   EXPECT_TRUE(cuda::detail::nvfp4_gemv_eligible(b));
-  b.bias = buf;  // SwiGLU has no bias
+  b.bias = kTinyBuf;  // SwiGLU has no bias
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_eligible(b));
 }
 
