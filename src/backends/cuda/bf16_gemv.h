@@ -55,9 +55,6 @@ std::string bf16_gemv_problem_key(const Bf16GemvArgs& a, cudaStream_t stream);
 
 // ---- the domain-aware form: a partitioned GEMM's shards in ONE launch (gemm_partitioned) ----
 
-constexpr int kBf16GemvMaxParts = kGemvMaxParts;
-constexpr int kBf16GemvMaxDomains = kGemvMaxDomains;
-
 // One shard: `rows` weight rows (row stride w_ld) that produce output columns [col0, col0 + rows),
 // owned by domain `domain`.
 struct Bf16GemvPart {
@@ -72,13 +69,13 @@ struct Bf16GemvPart {
 // SM domain 0 (the others' work is then taken by stealing).
 struct Bf16GemvDomainArgs {
   Bf16GemvArgs common;
-  Bf16GemvPart parts[kBf16GemvMaxParts];
+  Bf16GemvPart parts[kGemvMaxParts];
   int32_t num_parts = 0, num_domains = 1;
   const uint8_t* sm_domain = nullptr;
 };
 
 // Whether the domain-aware kernel takes the problem: what bf16_gemv_eligible asks of each part,
-// 1..kBf16GemvMaxParts parts with domains below num_domains <= kBf16GemvMaxDomains.
+// 1..kGemvMaxParts parts with domains below num_domains <= kGemvMaxDomains.
 bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a);
 // Enqueues the product on `stream` as one launch: persistent CTAs take blocks of rows (the
 // one-weight kernel's blocks, so every output has the bits that kernel gives it at the same block

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 }  // namespace
 
 bool bf16_gemv_domains_eligible(const Bf16GemvDomainArgs& a) {
-  if (a.num_parts < 1 || a.num_parts > kBf16GemvMaxParts || a.num_domains < 1 || a.num_domains > kBf16GemvMaxDomains)
+  if (a.num_parts < 1 || a.num_parts > kGemvMaxParts || a.num_domains < 1 || a.num_domains > kGemvMaxDomains)
     return false;
   for (int i = 0; i < a.num_parts; ++i) {
     const Bf16GemvPart& p = a.parts[i];

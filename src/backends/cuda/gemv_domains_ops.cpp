@@ -51,7 +51,7 @@ bool domain_args(const Tensor& x, const std::vector<Tensor>& shards, const Tenso
   std::vector<int> domain_of;
   std::vector<void*> streams;
   const int per_shard = swiglu ? 2 : 1;
-  if (!detail::assign_domains(slices, detail::kBf16GemvMaxParts / per_shard, detail::kBf16GemvMaxDomains, &domain_of,
+  if (!detail::assign_domains(slices, detail::kGemvMaxParts / per_shard, detail::kGemvMaxDomains, &domain_of,
                               &streams))
     return false;
   detail::Bf16GemvArgs& c = a->common;
