@@ -35,11 +35,11 @@ class CtaTraceBuffer {
   const cuda::detail::CtaTrace& trace() const { return trace_; }
 
   // Replays `g` (`launches` launches of the traced kernel) three times to warm up, then once with
-  // the record count reset, and returns that replay's launches: the records in start order, cut
+  // the records zeroed, and returns that replay's launches: the records in start order, cut
   // into `launches` equal groups.
   std::vector<TracedLaunch> replay(const cuda::Graph& g, cudaStream_t s, int launches) {
     for (int i = 0; i < 3; ++i) g.replay(s);
-    CK(cudaMemsetAsync(trace_.buf, 0, sizeof(unsigned long long), s));
+    CK(cudaMemsetAsync(trace_.buf, 0, (cuda::detail::kCtaTraceHeader + size_t(trace_.records) * words_) * sizeof(unsigned long long), s));
     g.replay(s);
     CK(cudaStreamSynchronize(s));
     const auto recs = cuda::detail::read_cta_trace(trace_, words_);

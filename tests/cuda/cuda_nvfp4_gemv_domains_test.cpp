@@ -4,7 +4,8 @@
 // stay poisoned), bitwise equal to the one-weight kernel on each shard in the same block shape,
 // the same bits on a second call and from graph replays (its counters reset themselves), a replay
 // after an in-place reload using the new weights; every SM in one domain (the other's blocks
-// stolen); its eligibility rules; and the partitioned ops on each of their paths.
+// stolen); a traced launch (its timeline words, its bits); its eligibility rules; and the
+// partitioned ops on each of their paths.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -150,6 +151,63 @@ TEST_F(CudaCallerStream, Nvfp4GemvDomainWithoutSmsIsStolen) {
     a.sm_domain = with_table ? zeros.data<uint8_t>() : nullptr;
     expect_slice_and_repeats(y, kLeft, 2000, ref, bf16_gemm_tolerance(c.k),
                              [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv_domains(a, s); }, caller_);
+  }
+}
+
+// A timeline (Nvfp4GemvArgs::trace, for cuda_gemv_timeline_bench) changes no output bit, and
+// every CTA of both launches stamps its words in order: start, waited, first block known, last
+// block written, exit (a domain-aware CTA that takes no block stamps its exit time into the
+// block words).
+TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t m = 3, k = 1024, n = 2048;
+  const std::vector<ops::Nvfp4Weight> host = {random_nvfp4(n / 2, k, seed), random_nvfp4(n / 2, k, seed + 1)};
+  const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
+  const Tensor xg = to_gpu(randn({m, k}, DType::kBF16, seed + 2));
+  Tensor y = poisoned_gpu({m, n}, DType::kBF16), y_traced = poisoned_gpu({m, n}, DType::kBF16);
+  auto expect_ordered = [](const std::vector<std::vector<unsigned long long>>& recs, size_t ctas) {
+    namespace cd = cuda::detail;
+    EXPECT_EQ(recs.size(), ctas);
+    for (size_t i = 0; i < recs.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "record " << i);
+      const auto& r = recs[i];
+      EXPECT_GT(r[cd::kGemvTraceStart], 0u);
+      for (int w = cd::kGemvTraceWaited; w < cd::kGemvTraceWords; ++w) EXPECT_LE(r[w - 1], r[w]) << "word " << w;
+    }
+  };
+  {  // the domain-aware launch
+    Nvfp4GemvDomainArgs a;
+    ASSERT_TRUE(cuda::detail::nvfp4_gemv_domain_args(
+        xg, shards, Tensor(), y, false, {{0, n / 2, parts_[0].stream}, {n / 2, n, parts_[1].stream}}, &a));
+    cuda::detail::launch_nvfp4_gemv_domains(a, caller_);
+    TraceRecords records(4096, cuda::detail::kGemvTraceWords);
+    a.common.y = y_traced.data_ptr();
+    a.common.trace = records.trace();
+    cuda::detail::launch_nvfp4_gemv_domains(a, caller_);
+    const auto recs = records.read();
+    EXPECT_TRUE(bitwise_equal(fetch(y_traced), fetch(y)));
+    ASSERT_FALSE(recs.empty()) << "no CTA was traced";
+    expect_ordered(recs, recs.size());  // as many CTAs as the launch's plan (at most the resident ones)
+    EXPECT_LE(recs.size(), static_cast<size_t>(cuda::detail::nvfp4_gemv_blocks(
+                               cuda::detail::nvfp4_gemv_args(xg, shards[0], Tensor(), y, false),
+                               cuda::detail::nvfp4_gemv_domains_shape(a, cuda::detail::sm_count_for(caller_))) *
+                           2));
+  }
+  {  // the one-weight launch: one record a block
+    y.fill_nan_();
+    y_traced.fill_nan_();
+    const Tensor ys = y.slice(1, 0, n / 2), yts = y_traced.slice(1, 0, n / 2);
+    Nvfp4GemvArgs a = cuda::detail::nvfp4_gemv_args(xg, shards[0], Tensor(), ys, false);
+    cuda::detail::launch_nvfp4_gemv(a, caller_);
+    TraceRecords records(4096, cuda::detail::kGemvTraceWords);
+    a.y = yts.data_ptr();
+    a.trace = records.trace();
+    cuda::detail::launch_nvfp4_gemv(a, caller_);
+    const auto recs = records.read();
+    EXPECT_TRUE(bitwise_equal(fetch(y_traced), fetch(y)));
+    expect_ordered(recs, static_cast<size_t>(cuda::detail::nvfp4_gemv_blocks(
+                             a, cuda::detail::nvfp4_gemv_shape(a, cuda::detail::sm_count_for(caller_)))));
   }
 }
 

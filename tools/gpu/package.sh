@@ -8,7 +8,7 @@ BUILD="${1:-build-cuda}"
 cmake -S . -B "$BUILD" -DLOCUS_CUDA=ON -DLOCUS_BUILD_BENCH=ON -G Ninja >/dev/null
 # What the device runs: tests, benchmarks and probes, the CLI.
 BINS=(locus_cuda_tests cuda_gemm_bench cuda_forkjoin_bench cuda_stream_probe cuda_row_copy_probe cuda_green_overlap_probe
-      cuda_bmm_timeline_bench cuda_stream_timeline_bench cuda_moe_experts_bench cuda_attention_bench locus_tests locus)
+      cuda_bmm_timeline_bench cuda_stream_timeline_bench cuda_gemv_timeline_bench cuda_moe_experts_bench cuda_attention_bench locus_tests locus)
 cmake --build "$BUILD" -j2 --target "${BINS[@]}"
 grep -qx '/.gpu-carry/' .git/info/exclude 2>/dev/null || echo '/.gpu-carry/' >> .git/info/exclude
 rm -rf .gpu-carry && mkdir -p .gpu-carry

@@ -27,4 +27,9 @@ __device__ __forceinline__ void stamp(unsigned long long* rec, int w) {
   if (rec != nullptr) rec[w] = global_ns();
 }
 
+// Stamps word `w` unless it holds a time already (the records start zeroed: CtaTraceBuffer).
+__device__ __forceinline__ void stamp_once(unsigned long long* rec, int w) {
+  if (rec != nullptr && rec[w] == 0) rec[w] = global_ns();
+}
+
 }  // namespace locus::cuda::detail

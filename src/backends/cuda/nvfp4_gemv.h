@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/cta_trace.h"
 #include "backends/cuda/gemv_domain_plan.h"  // kGemvMaxParts, kGemvMaxDomains
 #include "backends/cuda/stream_gemm.h"       // StreamWeightRef
 
@@ -65,6 +66,18 @@ struct Nvfp4GemvArgs {
   // product has this n, k, SwiGLU and y type; no bias.
   int32_t num_indexed = 0;
   Nvfp4GemvIndexed indexed[kNvfp4GemvMaxProducts];
+  // A timeline of the CTAs (one weight, and the domain-aware launch), for
+  // cuda_gemv_timeline_bench; off (null) unless a benchmark sets it.
+  CtaTrace trace;
+};
+// The words of a traced CTA's record.
+enum Nvfp4GemvTraceWord {
+  kGemvTraceStart = kCtaTraceStart,  // its first instruction
+  kGemvTraceWaited,                  // its wait for the previous kernel returned
+  kGemvTraceUnit,                    // its first block known (domain-aware: the counters' first answer)
+  kGemvTraceBody,                    // its last block's outputs written
+  kGemvTraceExit,                    // it leaves (domain-aware: after the counters' last refusal)
+  kGemvTraceWords
 };
 
 // CTAs an SM the kernels' launch bounds promise, by blocks of 8 tokens, tiles a warp and form:

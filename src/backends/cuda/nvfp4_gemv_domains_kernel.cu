@@ -6,6 +6,7 @@
 // behind the slower domain's last CTA.
 #include <algorithm>
 
+#include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/gemv_domain_plan.h"
@@ -27,17 +28,28 @@ template <int MB, int TW, int W, bool SWIGLU>
 __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB, TW))
     nvfp4_gemv_domains_kernel(const __grid_constant__ Nvfp4GemvDomainArgs a, const __grid_constant__ GemvDomainPlan pl) {
   __shared__ Nvfp4GemvPartials<MB, TW> partial;
+  const Nvfp4GemvArgs& c = a.common;
+  __shared__ unsigned long long* s_trace;  // thread 0's timeline record (Nvfp4GemvArgs::trace)
+  if (threadIdx.x == 0) s_trace = open_trace_record(c.trace, kGemvTraceWords);
   launch_dependents();
   // Which blocks a CTA takes is known only from the counters, which the previous kernel on this
   // stream may still be leaving at zero: nothing is read before it is done.
   wait_for_previous_grid();
-  const Nvfp4GemvArgs& c = a.common;
-  for_each_unit(pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain), [&](int domain, int unit) {
+  if (threadIdx.x == 0) stamp(s_trace, kGemvTraceWaited);
+  for_each_unit(pl, a.num_domains, home_domain(a.sm_domain, a.num_domains, kNoDomain), [&](int domain, int unit, auto ahead) {
+    if (threadIdx.x == 0) stamp_once(s_trace, kGemvTraceUnit);
     const GemvUnitPart u = gemv_unit_part(pl, domain, unit);
     const Nvfp4GemvPart& p = a.parts[u.part];
     const Nvfp4GemvProblem pr{p.codes, p.scales, p.global_scale, c.x, c.x_ld, static_cast<int>(c.m), p.n, p.col0, p.col0};
-    nvfp4_gemv_block<MB, TW, W, SWIGLU, false>(c, pr, u.block, partial, [] {});
+    // The next unit is asked for once this block's first weights are.
+    nvfp4_gemv_block<MB, TW, W, SWIGLU, false>(c, pr, u.block, partial, ahead);
+    if (threadIdx.x == 0) stamp(s_trace, kGemvTraceBody);
   });
+  if (threadIdx.x == 0) {  // a CTA that took no block: its unit and body words are its exit
+    stamp_once(s_trace, kGemvTraceUnit);
+    stamp_once(s_trace, kGemvTraceBody);
+    stamp(s_trace, kGemvTraceExit);
+  }
 }
 
 // Part p as a product of its own (for the eligibility and block rules).

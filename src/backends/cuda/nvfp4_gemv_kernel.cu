@@ -7,6 +7,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/cta_trace.cuh"
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/env_settings.h"
 #include "backends/cuda/grid_dependency.cuh"
@@ -52,10 +53,22 @@ __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB
   } else {
     const Nvfp4GemvProblem pr{a.codes, a.scales, a.global_scale, a.x, a.x_ld, static_cast<int>(a.m), a.n, 0, 0};
     // The weights do not depend on the kernel before; the activations and y do.
+    // Thread 0's timeline record (Nvfp4GemvArgs::trace) lives in shared memory: no register holds
+    // it through the block.
+    __shared__ unsigned long long* s_trace;
+    if (threadIdx.x == 0) s_trace = open_trace_record(a.trace, kGemvTraceWords);
     nvfp4_gemv_block<MB, TW, W, SWIGLU, LEAN>(a, pr, blockIdx.x, partial, [] {
       launch_dependents();
       wait_for_previous_grid();
+      if (threadIdx.x == 0) {
+        stamp(s_trace, kGemvTraceWaited);
+        stamp(s_trace, kGemvTraceUnit);
+      }
     });
+    if (threadIdx.x == 0) {
+      stamp(s_trace, kGemvTraceBody);
+      stamp(s_trace, kGemvTraceExit);
+    }
   }
 }
 

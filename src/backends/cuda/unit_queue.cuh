@@ -60,9 +60,12 @@ struct UnitQueue {
   }
 };
 
-// Runs body(domain, unit) for each unit this CTA takes from the queue (own domain first); body
-// must hold a CTA barrier (thread 0 publishes the next unit after it). Thread 0 asks for its
-// next unit before the body, so that the counter's round trip overlaps it.
+// Runs body(domain, unit, ahead) for each unit this CTA takes from the queue (own domain first);
+// body must hold a CTA barrier (thread 0 publishes the next unit after it) and call ahead() once
+// in every thread: there thread 0 asks for its next unit, so that the counter's round trip
+// overlaps the body. A body calls it once its first weights are asked for (its block's
+// after_first hook): thread 0 stalls on the answer where it stores it, and its warp's first loads
+// are then already in flight.
 template <class Plan, class Body>
 __device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, int home, Body body) {
   // Thread 0's queue state lives in shared memory: nothing of it stays in registers through the
@@ -74,16 +77,17 @@ __device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, i
     q.first(&s_domain, &s_unit);
     s_refused = q.refused;
   }
+  auto ahead = [&] {
+    if (threadIdx.x != 0) return;
+    const UnitQueue<Plan> q{pl, num_domains, home, s_refused};
+    s_ahead = pl.counted ? q.next_domain() : -1;
+    if (s_ahead >= 0) s_got = atomicAdd(pl.counters + s_ahead, 1u);
+  };
   while (true) {
     __syncthreads();  // the unit is published; the previous unit's shared memory is read
     const int domain = s_domain, unit = s_unit;
     if (domain < 0) break;
-    if (threadIdx.x == 0) {
-      const UnitQueue<Plan> q{pl, num_domains, home, s_refused};
-      s_ahead = pl.counted ? q.next_domain() : -1;
-      if (s_ahead >= 0) s_got = atomicAdd(pl.counters + s_ahead, 1u);
-    }
-    body(domain, unit);
+    body(domain, unit, ahead);
     if (threadIdx.x == 0) {
       UnitQueue<Plan> q{pl, num_domains, home, s_refused};
       s_domain = -1;
