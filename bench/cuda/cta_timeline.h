@@ -39,7 +39,8 @@ class CtaTraceBuffer {
   // into `launches` equal groups.
   std::vector<TracedLaunch> replay(const cuda::Graph& g, cudaStream_t s, int launches) {
     for (int i = 0; i < 3; ++i) g.replay(s);
-    CK(cudaMemsetAsync(trace_.buf, 0, (cuda::detail::kCtaTraceHeader + size_t(trace_.records) * words_) * sizeof(unsigned long long), s));
+    const size_t words = cuda::detail::kCtaTraceHeader + size_t(trace_.records) * words_;
+    CK(cudaMemsetAsync(trace_.buf, 0, words * sizeof(unsigned long long), s));
     g.replay(s);
     CK(cudaStreamSynchronize(s));
     const auto recs = cuda::detail::read_cta_trace(trace_, words_);
@@ -69,5 +70,20 @@ inline double inner_median(const std::vector<TracedLaunch>& launches, const std:
   for (size_t l = 1; l + 1 < launches.size(); ++l) v.push_back(f(launches[l]));
   return median(v);
 }
+
+// Medians over the inner launches of: each launch's median of a word (at), its last (last), its
+// period (next).
+struct InnerMedians {
+  const std::vector<TracedLaunch>& launches;
+  double at(int word) const {
+    return inner_median(launches, [word](const TracedLaunch& l) { return l.median(word); });
+  }
+  double last(int word) const {
+    return inner_median(launches, [word](const TracedLaunch& l) { return l.last(word); });
+  }
+  double next() const {
+    return inner_median(launches, [](const TracedLaunch& l) { return l.next; });
+  }
+};
 
 }  // namespace locus::bench

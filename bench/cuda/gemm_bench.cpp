@@ -177,8 +177,7 @@ int main(int argc, char** argv) {
               bw * 1e-9);
   if (bandwidth_only) return 0;
 
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
-                                                     {24576, 1536}, {32768, 512}, {7168, 2048}};
+  Shapes shapes = deepseek_v3_shapes();
   std::vector<std::pair<int64_t, int64_t>> sweep_shapes = {{7168, 7168}, {18432, 7168}, {4096, 7168},
                                                            {24576, 1536}, {32768, 512}, {7168, 2048}};
   std::vector<int64_t> ms = {1, 8, 16, 32, 64, 128, 512, 4096};
@@ -189,12 +188,8 @@ int main(int argc, char** argv) {
   // The table's M values instead of the defaults.
   if (!m_list.empty() && !parse_m_list(m_list, INT64_MAX, &ms)) return 2;
   if (!only_shape.empty()) {
-    long long n = 0, k = 0;
-    if (std::sscanf(only_shape.c_str(), "%lldx%lld", &n, &k) != 2 || n < 16 || k < 16 || n % 16 || k % 16) {
-      std::fprintf(stderr, "--shape must be NxK with N and K multiples of 16, got '%s'\n", only_shape.c_str());
-      return 2;
-    }
-    shapes = sweep_shapes = {{n, k}};
+    if (!parse_shapes(only_shape, 16, 16, &shapes)) return 2;
+    sweep_shapes = shapes;
   }
   if (bmm_only) shapes.clear();
 

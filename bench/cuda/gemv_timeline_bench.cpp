@@ -8,7 +8,8 @@
 // kernel returned), unit (its first block known; domain-aware: the counters' answer), body (its
 // last block's outputs written), exit (it left; domain-aware: after the counters' refusals), each
 // as the median and the last over the CTAs; next (the next launch's first CTA start) and gap
-// (next minus the last exit).
+// (next minus the last exit). With programmatic dependent launch a launch's CTAs start while the
+// previous launch runs, so "waited" is when the previous launch ended and "next" what a call costs.
 // usage: cuda_gemv_timeline_bench [--m M1,M2,..] [--shape NxK]
 #include <cuda_runtime_api.h>
 
@@ -42,18 +43,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<int64_t> ms;
-  if (!parse_m_list(m_list, cd::kNvfp4GemvMaxM, &ms)) return 2;
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
-                                                     {24576, 1536}, {32768, 512},  {7168, 2048}};
-  if (!only_shape.empty()) {
-    long long n = 0, k = 0;
-    if (std::sscanf(only_shape.c_str(), "%lldx%lld", &n, &k) != 2 || n < 256 || n % 256 != 0 || k < 64 ||
-        k % 64 != 0) {
-      std::fprintf(stderr, "--shape must be NxK with N a multiple of 256 and K of 64, got '%s'\n", only_shape.c_str());
-      return 2;
-    }
-    shapes = {{n, k}};
-  }
+  Shapes shapes;  // the shards need N / 2 in whole 128-row tiles
+  if (!parse_m_list(m_list, cd::kNvfp4GemvMaxM, &ms) || !parse_shapes(only_shape, 256, 64, &shapes)) return 2;
   std::vector<cuda::SmPartition> parts;
   if (const int rc = make_two_domains("backfill", &parts)) return rc;
   const Device dev = Device::cuda(0);
@@ -106,16 +97,19 @@ int main(int argc, char** argv) {
         const double t = time_graph(capture(s, [&] { for (int r = 0; r < R; ++r) launch(r, {}); }), s, R, 30);
         const cuda::Graph g = capture(s, [&] { for (int r = 0; r < R; ++r) launch(r, traced.trace()); });
         const std::vector<TracedLaunch> tl = traced.replay(g, s, R);
-        auto med = [&](const std::function<double(const TracedLaunch&)>& of) { return inner_median(tl, of); };
-        auto at = [&](int word) { return med([word](const TracedLaunch& l) { return l.median(word); }); };
-        auto last = [&](int word) { return med([word](const TracedLaunch& l) { return l.last(word); }); };
-        const double next = med([](const TracedLaunch& l) { return l.next; });
+        if (tl.empty() || tl[0].at[0].empty()) {
+          std::fprintf(stderr, "%lldx%lld M=%lld %s: no CTA was traced\n", (long long)N, (long long)K, (long long)M, name);
+          continue;
+        }
+        const InnerMedians med{tl};
+        const double next = med.next();
         std::printf("| %lld x %lld | %lld | %s | %zu | %.1f | %.1f | %.2f | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | "
                     "%.2f / %.2f | %.2f | %.2f |\n",
                     (long long)N, (long long)K, (long long)M, name, tl[0].at[0].size(), t * 1e6, wbytes / copy_bw * 1e6,
-                    last(cd::kGemvTraceStart), at(cd::kGemvTraceWaited), last(cd::kGemvTraceWaited),
-                    at(cd::kGemvTraceUnit), last(cd::kGemvTraceUnit), at(cd::kGemvTraceBody), last(cd::kGemvTraceBody),
-                    at(cd::kGemvTraceExit), last(cd::kGemvTraceExit), next, next - last(cd::kGemvTraceExit));
+                    med.last(cd::kGemvTraceStart), med.at(cd::kGemvTraceWaited), med.last(cd::kGemvTraceWaited),
+                    med.at(cd::kGemvTraceUnit), med.last(cd::kGemvTraceUnit), med.at(cd::kGemvTraceBody),
+                    med.last(cd::kGemvTraceBody),
+                    med.at(cd::kGemvTraceExit), med.last(cd::kGemvTraceExit), next, next - med.last(cd::kGemvTraceExit));
         std::fflush(stdout);
       }
     }

@@ -224,4 +224,28 @@ inline bool parse_m_list(const std::string& list, int64_t max_m, std::vector<int
   return true;
 }
 
+// DeepSeek-V3's weight shapes (N x K) that the GEMM benchmarks time.
+using Shapes = std::vector<std::pair<int64_t, int64_t>>;
+inline Shapes deepseek_v3_shapes() {
+  return {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168}, {24576, 1536}, {32768, 512}, {7168, 2048}};
+}
+
+// The --shape option: NxK with N and K positive multiples of n_align and k_align (at least 16 for
+// K), or, when `arg` is empty, deepseek_v3_shapes(). False (after saying why on stderr) otherwise.
+inline bool parse_shapes(const std::string& arg, int64_t n_align, int64_t k_align, Shapes* shapes) {
+  if (arg.empty()) {
+    *shapes = deepseek_v3_shapes();
+    return true;
+  }
+  long long n = 0, k = 0;
+  if (std::sscanf(arg.c_str(), "%lldx%lld", &n, &k) != 2 || n < n_align || k < std::max<int64_t>(k_align, 16) ||
+      n % n_align != 0 || k % k_align != 0) {
+    std::fprintf(stderr, "--shape must be NxK with N a multiple of %lld and K of %lld (at least 16), got '%s'\n",
+                 static_cast<long long>(n_align), static_cast<long long>(k_align), arg.c_str());
+    return false;
+  }
+  *shapes = {{n, k}};
+  return true;
+}
+
 }  // namespace locus::bench

@@ -55,17 +55,8 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<int64_t> ms;
-  if (!parse_m_list(m_list, cd::kStreamGemmMaxM, &ms)) return 2;
-  std::vector<std::pair<int64_t, int64_t>> shapes = {{7168, 7168}, {18432, 7168}, {7168, 18432}, {4096, 7168},
-                                                     {24576, 1536}, {32768, 512},  {7168, 2048}};
-  if (!only_shape.empty()) {
-    long long n = 0, k = 0;
-    if (std::sscanf(only_shape.c_str(), "%lldx%lld", &n, &k) != 2 || n < 1 || k < 16 || k % 16 != 0) {
-      std::fprintf(stderr, "--shape must be NxK with K a multiple of 16, got '%s'\n", only_shape.c_str());
-      return 2;
-    }
-    shapes = {{n, k}};
-  }
+  Shapes shapes;  // the kernel takes K in 16s
+  if (!parse_m_list(m_list, cd::kStreamGemmMaxM, &ms) || !parse_shapes(only_shape, 1, 16, &shapes)) return 2;
   if (!cuda::device_available()) {
     std::fprintf(stderr, "no CUDA device\n");
     return 1;
@@ -105,17 +96,15 @@ int main(int argc, char** argv) {
                      (long long)K, (long long)M);
         continue;
       }
-      auto med = [&](const std::function<double(const TracedLaunch&)>& of) { return inner_median(launches, of); };
-      auto at = [&](int word) { return med([word](const TracedLaunch& l) { return l.median(word); }); };
-      auto last = [&](int word) { return med([word](const TracedLaunch& l) { return l.last(word); }); };
-      const double next = med([](const TracedLaunch& l) { return l.next; });
+      const InnerMedians med{launches};
+      const double next = med.next();
       std::printf("| %lld x %lld | %lld | %zu | %.1f | %.1f | %.0f | %.2f | %.2f | %.2f / %.2f | %.2f / %.2f | "
                   "%.2f / %.2f | %.2f | %.2f |\n",
                   (long long)N, (long long)K, (long long)M, launches[0].at[0].size(), t * 1e6, wbytes / copy_bw * 1e6,
-                  wbytes / t * 1e-9, last(cd::kStreamTraceStart), at(cd::kStreamTraceWaited),
-                  at(cd::kStreamTraceFirst), last(cd::kStreamTraceFirst), at(cd::kStreamTraceStreamed),
-                  last(cd::kStreamTraceStreamed), at(cd::kStreamTraceEnd), last(cd::kStreamTraceEnd), next,
-                  next - last(cd::kStreamTraceEnd));
+                  wbytes / t * 1e-9, med.last(cd::kStreamTraceStart), med.at(cd::kStreamTraceWaited),
+                  med.at(cd::kStreamTraceFirst), med.last(cd::kStreamTraceFirst), med.at(cd::kStreamTraceStreamed),
+                  med.last(cd::kStreamTraceStreamed), med.at(cd::kStreamTraceEnd), med.last(cd::kStreamTraceEnd), next,
+                  next - med.last(cd::kStreamTraceEnd));
       std::fflush(stdout);
     }
   }
