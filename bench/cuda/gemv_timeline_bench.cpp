@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double copy_bw = copy_bandwidth(s);
   std::mt19937_64 rng(17);
-  CtaTraceBuffer traced(32 * 1024, cd::kGemvTraceWords);  // R <= 32 launches of at most 1024 CTAs
+  CtaTraceBuffer traced(32 * 1024, cd::kGemvTraceWords);  // R launches x their CTAs: at most about 7000 at these shapes
 
   std::printf("Device copy bandwidth (read + written): %.0f GB/s; domains %d + %d SMs\n\n", copy_bw * 1e-9,
               parts[0].sm_count, parts[1].sm_count);
