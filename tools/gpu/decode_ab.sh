@@ -4,7 +4,8 @@
 # makes it: LAYERS layers, EXPERTS routed experts) decodes with --cuda-graphs under each of the
 # given environment settings in turn, ROUNDS times (alternating, so that the device's drift falls
 # on every setting alike); each line of the table is one `locus generate`, decode tok/s. A
-# setting's words that start with "--" are added to that run's flags (e.g. "--decode-lookahead").
+# setting's words that start with "--" are added to that run's flags (e.g. "--decode-lookahead";
+# a flag's value joined by "=": "--locality-domains-emulate=2"); its other words are its environment.
 # usage: tools/gpu/decode_ab.sh [--layers L] [--experts E] [--tokens N] [--batches "1 2"] [--rounds R]
 #                               [--models DIR] [--flags "..."] -- "VAR=A" "VAR=B" ...   ("" is the default)
 set -uo pipefail
@@ -27,6 +28,19 @@ while (($#)); do
   shift
 done
 (($#)) || { echo "usage: $0 [options] -- \"VAR=A\" \"VAR=B\" ..."; exit 2; }
+# A setting's words that start with "--" are flags of its runs (extra), the VAR=value ones their
+# environment (envs); returns 1 for any other word.
+split_setting() {
+  envs=(); extra=()
+  local word
+  for word in $1; do
+    if [[ $word == --* ]]; then extra+=("$word")
+    elif [[ $word == *=* ]]; then envs+=("$word")
+    else echo "setting '$1': '$word' is neither a --flag nor VAR=value (join a flag's value with '=')"; return 1
+    fi
+  done
+}
+for setting in "$@"; do split_setting "$setting" || exit 2; done
 dir="${models:-$(mktemp -d)}/nvfp4"
 if [[ ! -f "$dir/config.json" ]]; then
   "$CARRY/locus" make-tiny-model "$dir" --shape deepseek-v3 --layers "$layers" --experts "$experts" --seed 1 --nvfp4 \
@@ -43,9 +57,7 @@ for batch in $batches; do
   set_prompts "$batch"
   for ((r = 1; r <= rounds; ++r)); do
     for setting in "$@"; do
-      # A setting's words that start with "--" are flags of this run, the rest its environment.
-      envs=(); extra=()
-      for word in $setting; do [[ $word == --* ]] && extra+=("$word") || envs+=("$word"); done
+      split_setting "$setting"
       out=$(timeout 300 env "${envs[@]}" "$CARRY/locus" generate --model "$dir" --backend cuda "${prompts[@]}" \
               --max-new-tokens "$tokens" --ignore-eos --warmup --quiet $flags "${extra[@]}" 2>&1 >/dev/null)
       tps=$(sed -n -E 's/^locus: [0-9].*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/p' <<< "$out")

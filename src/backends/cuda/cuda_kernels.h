@@ -8,8 +8,10 @@
 namespace locus::cuda::detail {
 
 // Reads `bytes` (16-byte aligned, a multiple of 16; zeros) of buf through L2, leaving L2 full of
-// its clean lines; *sink is never written for a buffer of zeros.
-void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream);
+// its clean lines; *sink is never written for a buffer of zeros. With let_next_start each CTA
+// lets the next kernel launch as it starts (programmatic dependent launch), as the decode step's
+// small kernels do: a next kernel launched with that attribute starts during the sweep's last wave.
+void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream, bool let_next_start);
 
 // Every block spins briefly, then sets seen[smid] = 1 (seen holds 1024 entries).
 void launch_smid_probe(unsigned* seen, int blocks, cudaStream_t stream);

@@ -3,6 +3,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/grid_dependency.cuh"  // launch_dependents
 
 namespace locus::cuda::detail {
 namespace {
@@ -53,7 +54,8 @@ __global__ void smid_probe_kernel(unsigned* seen) {
 
 // Reads every 16 bytes of buf through L2 (loads that skip L1), so that L2 then holds its clean
 // lines; `sink` is written only if the XOR of everything read has a value no buffer of zeros gives.
-__global__ void l2_sweep_kernel(const uint4* buf, int64_t n, unsigned* sink) {
+__global__ void l2_sweep_kernel(const uint4* buf, int64_t n, unsigned* sink, bool let_next_start) {
+  if (let_next_start) launch_dependents();
   unsigned acc = 0;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -91,9 +93,9 @@ void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int6
   LOCUS_CUDA_CHECK_LAUNCH("fp32->bf16 conversion kernel launch");
 }
 
-void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream) {
+void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream, bool let_next_start) {
   const int64_t n = static_cast<int64_t>(bytes / 16);
-  l2_sweep_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const uint4*>(buf), n, sink);
+  l2_sweep_kernel<<<grid_for(n, 256), 256, 0, stream>>>(static_cast<const uint4*>(buf), n, sink, let_next_start);
   LOCUS_CUDA_CHECK_LAUNCH("L2 sweep kernel launch");
 }
 

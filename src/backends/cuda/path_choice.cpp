@@ -99,7 +99,7 @@ std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& call
   std::vector<float> best(calls.size(), 1e30f);
   for (int round = 0; round < rounds; ++round) {
     for (size_t i = 0; i < calls.size(); ++i) {
-      if (flush && flush->p) launch_l2_sweep(flush->p, flush->bytes, flush->sink(), stream);
+      if (flush && flush->p) launch_l2_sweep(flush->p, flush->bytes, flush->sink(), stream, /*let_next_start=*/false);
       LOCUS_CUDA_CHECK(cudaEventRecord(ev.start, stream));
       calls[i]();
       LOCUS_CUDA_CHECK(cudaEventRecord(ev.stop, stream));
@@ -117,17 +117,17 @@ std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& call
 // kernel (tensor maps, launch attributes) and a fork/join over streams; it picked the fork/join
 // where a graph runs the kernel 1.5x faster. Each path is captured behind the L2 read, which both
 // empties the L2 and is a kernel before it, as in a step, and a graph of the read alone is timed
-// beside them and subtracted. The read does not let the next launch start during its tail, as our
-// GEMM kernels do, so a kernel path still pays its whole start here (the BMM kernel's path: 8.7-13
-// us behind the read, 6.8-11.4 us back to back in a benchmark graph; docs/benchmarks.md,
-// seventeenth session).
+// beside them and subtracted. The read lets the path's first kernel start during its last wave,
+// as the small kernels before a step's products do (programmatic dependent launch): a read that did
+// not made a kernel path pay its whole start and picked fork/joins that run slower back to back
+// (docs/benchmarks.md, thirty-second and thirty-third sessions).
 // Each path runs once eagerly first, so that its own choices (cuBLASLt tactics) and scratch growth
 // happen outside the capture.
 std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
   for (const auto& path : paths) path(stream);
   const FlushBuffer flush(stream);
   auto read_l2 = [&] {
-    if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream);
+    if (flush.p) launch_l2_sweep(flush.p, flush.bytes, flush.sink(), stream, /*let_next_start=*/true);
   };
   std::vector<Graph> graphs(paths.size() + 1);  // [0]: the read alone; [i + 1]: the read, then path i
   std::vector<std::function<void()>> replays;
