@@ -1,9 +1,11 @@
-// Small kernels of the CUDA backend: SwiGLU, dtype conversion, the %smid probe, the L2 sweep.
+// Small kernels of the CUDA backend: SwiGLU, dtype conversion, the %smid probe, the L2 sweep and
+// the path timing's waiting successor.
 #include <cuda_bf16.h>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/grid_dependency.cuh"  // launch_dependents
+#include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/grid_dependency.cuh"  // launch_dependents, wait_for_previous_grid
 
 namespace locus::cuda::detail {
 namespace {
@@ -65,6 +67,8 @@ __global__ void l2_sweep_kernel(const uint4* buf, int64_t n, unsigned* sink, boo
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
+__global__ void waiting_successor_kernel() { wait_for_previous_grid(); }
+
 int grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;
   if (blocks > 4096) blocks = 4096;
@@ -91,6 +95,11 @@ void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int6
   f32_to_bf16_2d_kernel<<<grid_for(rows * cols, 256), 256, 0, stream>>>(
       src, src_ld, reinterpret_cast<__nv_bfloat16*>(dst), dst_ld, rows, cols);
   LOCUS_CUDA_CHECK_LAUNCH("fp32->bf16 conversion kernel launch");
+}
+
+void launch_waiting_successor(cudaStream_t stream) {
+  DependentLaunch launch(dim3(1), dim3(32), 0, stream, /*overlap=*/true);
+  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, waiting_successor_kernel), "waiting successor launch");
 }
 
 void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream, bool let_next_start) {

@@ -120,7 +120,10 @@ std::vector<float> time_rounds_ms(const std::vector<std::function<void()>>& call
 // beside them and subtracted. The read lets the path's first kernel start during its last wave,
 // as the small kernels before a step's products do (programmatic dependent launch): a read that did
 // not made a kernel path pay its whole start and picked fork/joins that run slower back to back
-// (docs/benchmarks.md, thirty-second and thirty-third sessions).
+// (docs/benchmarks.md, thirty-second and thirty-third sessions). Each graph, the read's alone
+// included, ends with a kernel that waits for the path as a step's next kernel does: it starts
+// during a single kernel's tail, but after a fork/join's join only, which a graph ending at the
+// join did not charge (thirty-fourth session).
 // Each path runs once eagerly first, so that its own choices (cuBLASLt tactics) and scratch growth
 // happen outside the capture.
 std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, cudaStream_t stream) {
@@ -136,6 +139,7 @@ std::vector<float> time_paths_in_graphs_ms(const std::vector<PathCall>& paths, c
       graphs[i].begin_capture(stream);
       read_l2();
       if (i > 0) paths[i - 1](stream);
+      launch_waiting_successor(stream);
       graphs[i].end_capture();
       replays.push_back([&graphs, i, stream] { graphs[i].replay(stream); });
     }
