@@ -13,8 +13,8 @@ namespace locus::cuda::detail {
 // small kernels do: a next kernel launched with that attribute starts during the sweep's last wave.
 void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream, bool let_next_start);
 
-// One warp that only waits for the kernel before it, launched so that it may start during that
-// kernel's last wave (programmatic dependent launch), as a decode step's next small kernel is:
+// One warp that only waits for the kernel before it, launched as a decode step's next small kernel
+// is (launch_small_op: it may start during that kernel's last wave unless LOCUS_SMALL_OPS_PDL=0):
 // after one kernel it costs nearly nothing; after a join of streams (a fork/join) it waits for the
 // join and then pays its whole start, as the step's next kernel does.
 void launch_waiting_successor(cudaStream_t stream);

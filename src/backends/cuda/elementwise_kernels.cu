@@ -4,8 +4,8 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_kernels.h"
-#include "backends/cuda/dependent_launch.h"
-#include "backends/cuda/grid_dependency.cuh"  // launch_dependents, wait_for_previous_grid
+#include "backends/cuda/grid_dependency.cuh"  // launch_dependents, small_op_start
+#include "backends/cuda/small_ops_launch.cuh"  // launch_small_op
 
 namespace locus::cuda::detail {
 namespace {
@@ -67,7 +67,7 @@ __global__ void l2_sweep_kernel(const uint4* buf, int64_t n, unsigned* sink, boo
   if (acc == 0x9E3779B9u) *sink = acc;
 }
 
-__global__ void waiting_successor_kernel() { wait_for_previous_grid(); }
+__global__ void waiting_successor_kernel() { small_op_start(); }
 
 int grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;
@@ -98,8 +98,7 @@ void launch_f32_to_bf16_2d(const float* src, int64_t src_ld, uint16_t* dst, int6
 }
 
 void launch_waiting_successor(cudaStream_t stream) {
-  DependentLaunch launch(dim3(1), dim3(32), 0, stream, /*overlap=*/true);
-  LOCUS_CUDA_CHECK_NAMED(cudaLaunchKernelEx(&launch.config, waiting_successor_kernel), "waiting successor launch");
+  launch_small_op(waiting_successor_kernel, dim3(1), dim3(32), 0, stream, "waiting successor launch");
 }
 
 void launch_l2_sweep(const void* buf, size_t bytes, unsigned* sink, cudaStream_t stream, bool let_next_start) {
