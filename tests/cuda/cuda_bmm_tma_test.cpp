@@ -510,5 +510,36 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
     }
 }
 
+// Two CTAs of one launch never share an SM, whatever its ring (sized for the next launch beside
+// it or not, small at K = 64): twice the shared memory it asks for, with the runtime's reserve per
+// CTA, is more than an SM has. Where the knob asks for two CTAs an SM (one domain), they fit.
+TEST_F(CudaBmmTmaDomains, OneCtaOfALaunchAnSmWhateverItsRing) {
+  int sm_bytes = 0, reserved = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0), cudaSuccess);
+  for (const Shape3 sh : {Shape3{128, 512, 128}, Shape3{128, 128, 512}, Shape3{16, 512, 64}})
+    for (const int64_t M : {1, 24, 64}) {
+      TwoDomainProblem pb(sh.heads, M, sh.n, sh.k, sh.heads / 2);
+      for (const int beside : {-1, 0, 1}) {
+        cuda::detail::BmmTmaTuning tuning;
+        tuning.beside_next = beside;
+        cuda::detail::set_bmm_tma_tuning(tuning);
+        for (const bool parts : {false, true}) {
+          const cuda::detail::BmmTmaArgs a = parts ? pb.args : pb.whole();
+          const int bytes = cuda::detail::bmm_tma_smem_bytes(a);
+          EXPECT_GT(2 * (bytes + reserved), sm_bytes)
+              << "H " << sh.heads << " N " << sh.n << " K " << sh.k << " M " << M << " beside " << beside
+              << (parts ? " parts" : " whole") << ": " << bytes << " bytes";
+        }
+      }
+      cuda::detail::BmmTmaTuning two;
+      two.ctas_per_sm = 2;
+      cuda::detail::set_bmm_tma_tuning(two);
+      const int bytes = cuda::detail::bmm_tma_smem_bytes(pb.whole());
+      EXPECT_LE(2 * (bytes + reserved), sm_bytes) << "two CTAs an SM, K " << sh.k << " M " << M << ": " << bytes;
+      cuda::detail::set_bmm_tma_tuning({});
+    }
+}
+
 }  // namespace
 }  // namespace locus

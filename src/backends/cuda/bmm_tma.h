@@ -90,6 +90,9 @@ bool bmm_tma_eligible(const BmmTmaArgs& a);
 // The weight slots in the ring the kernel would use for `a` (a whole number per consumer group);
 // 0 when it is not eligible.
 int bmm_tma_ring_slots(const BmmTmaArgs& a);
+// The dynamic shared memory its launch asks for (more than half an SM's, so that two of its CTAs
+// never share one; see launch_smem_bytes); 0 when it is not eligible.
+int bmm_tma_smem_bytes(const BmmTmaArgs& a);
 // Launches on `stream` (capturable) when the problem is eligible, checking it once; false, with
 // nothing launched, when it is not.
 bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream);
@@ -106,7 +109,8 @@ struct BmmTmaTuning {
   int early_copy = 2;        // before the previous kernel ends, copy the first units into the ring,
                              // whole, until this many slots are filled (at most the ring; the
                              // default: one per consumer group); 0: only ask L2 for the first unit
-  int beside_next = -1;      // 1: size the ring for half an SM (still one CTA per SM), so that the
+  int beside_next = -1;      // 1: size the ring for half an SM (still one CTA per SM: the launch
+                             // asks for just over half the SM's memory all the same), so that the
                              // next launch's CTAs are resident beside these and copy early (as
                              // the streaming GEMM's TMA feed); where that leaves no room for
                              // two slots, the usual size. -1 (the default): 1 for launches over

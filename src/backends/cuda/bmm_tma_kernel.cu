@@ -597,6 +597,12 @@ int m_groups(int m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
 
 int ctas_per_sm(const BmmTmaArgs& a) { return a.num_domains == 1 && g_tuning.ctas_per_sm > 1 ? g_tuning.ctas_per_sm : 1; }
 
+int current_device() {
+  int device = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
 // The ring, x buffers and staging buffers of `pl` for `per_sm` CTAs sharing an SM's memory, of
 // which `streaming` (this launch's) share the 128 KB in flight; pl->slots < kConsumerGroups when
 // they do not fit.
@@ -670,13 +676,31 @@ void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
   pl->claims = reinterpret_cast<unsigned*>(static_cast<char*>(buf) + 8);
 }
 
+// The dynamic shared memory a launch of plan `pl` asks for. With one CTA an SM (all but the
+// one-domain knob BmmTmaTuning::ctas_per_sm) that is more than half an SM's, even where the ring
+// is smaller (BmmTmaTuning::beside_next, small K): two of the launch's own CTAs on one SM would
+// stream at half its bandwidth and leave another SM without a CTA. Launched behind a busy kernel,
+// the first SMs it frees would take two each (H100, 2026-12-07: the two-domain launch at K = 128
+// timed 21.5-22.4 us behind the path choice's L2 read, 9.0-9.4 with one CTA an SM). The rest of
+// the SM stays room for the next launch's CTAs.
+int launch_smem_bytes(const BmmTmaArgs& a, const BmmPlan& pl, int device) {
+  const int ring =
+      pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
+  if (ctas_per_sm(a) > 1) return ring;
+  const int sm = device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  const int reserved = device_attribute(device, cudaDevAttrReservedSharedMemoryPerBlock);
+  return std::max(ring, sm / 2 - reserved + 128);
+}
+
 template <int NT, bool kNC>
 void launch_typed(const BmmTmaArgs& a, BmmPlan& pl, const BmmMaps& maps, int heads_total, cudaStream_t stream) {
-  const int smem_bytes =
-      pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
-  // Allow every size size_plan may pick (both forms: untraced, traced).
-  for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>})
+  const int smem_bytes = launch_smem_bytes(a, pl, current_device());
+  // Allow every size size_plan may pick (both forms: untraced, traced); the carveout that leaves
+  // the rest of the SM to shared memory, where the next launch's CTAs may need it.
+  for (auto* k : {bmm_tma_kernel<NT, kNC, false>, bmm_tma_kernel<NT, kNC, true>}) {
     raise_dynamic_smem_limit(reinterpret_cast<const void*>(k), max_dynamic_smem(reinterpret_cast<const void*>(k)));
+    prefer_most_shared_memory(reinterpret_cast<const void*>(k));
+  }
   const int max_ctas = sm_count_for(stream) * ctas_per_sm(a);  // one CTA per SM unless a knob says more
   // Units: heads cut into the fewest equal row blocks (a power of two) that give every CTA one.
   const int tiles = (a.n + kSlotRows - 1) / kSlotRows;
@@ -742,12 +766,6 @@ bool plan_launch(const BmmTmaArgs& a, int device, BmmPlan* pl) {
   return pl->slots >= kConsumerGroups;
 }
 
-int current_device() {
-  int device = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&device));
-  return device;
-}
-
 // Launches `a` with its plan `pl` (plan_launch's).
 void launch_planned(const BmmTmaArgs& a, BmmPlan& pl, cudaStream_t stream) {
   int heads = 0;
@@ -782,6 +800,12 @@ bool bmm_tma_eligible(const BmmTmaArgs& a) {
 int bmm_tma_ring_slots(const BmmTmaArgs& a) {
   BmmPlan pl;
   return plan_launch(a, current_device(), &pl) ? pl.slots : 0;
+}
+
+int bmm_tma_smem_bytes(const BmmTmaArgs& a) {
+  BmmPlan pl;
+  const int device = current_device();
+  return plan_launch(a, device, &pl) ? launch_smem_bytes(a, pl, device) : 0;
 }
 
 bool try_launch_bmm_tma(const BmmTmaArgs& a, cudaStream_t stream) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <set>
 #include <mutex>
 #include <utility>
 
@@ -80,6 +81,20 @@ inline void raise_dynamic_smem_limit(const void* kernel, int bytes) {
   if (bytes <= cur) return;
   LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   cur = bytes;
+}
+
+// Asks that an SM running `kernel` give shared memory its largest carveout (once per device and
+// kernel): a kernel that leaves part of the SM's shared memory to the next launch's CTAs needs
+// that part to exist.
+inline void prefer_most_shared_memory(const void* kernel) {
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({dev, kernel}).second) return;
+  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
 }
 
 }  // namespace locus::cuda
