@@ -512,7 +512,8 @@ TEST_F(CudaBmmTmaDomains, EveryEarlyCopyMode) {
 
 // Two CTAs of one launch never share an SM, whatever its ring (sized for the next launch beside
 // it or not, small at K = 64): twice the shared memory it asks for, with the runtime's reserve per
-// CTA, is more than an SM has. Where the knob asks for two CTAs an SM (one domain), they fit.
+// CTA, is more than an SM has. Where the knob asks for two CTAs an SM (one domain), they fit (or
+// the problem is not taken: 0 bytes).
 TEST_F(CudaBmmTmaDomains, OneCtaOfALaunchAnSmWhateverItsRing) {
   int sm_bytes = 0, reserved = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
@@ -536,7 +537,8 @@ TEST_F(CudaBmmTmaDomains, OneCtaOfALaunchAnSmWhateverItsRing) {
       two.ctas_per_sm = 2;
       cuda::detail::set_bmm_tma_tuning(two);
       const int bytes = cuda::detail::bmm_tma_smem_bytes(pb.whole());
-      EXPECT_LE(2 * (bytes + reserved), sm_bytes) << "two CTAs an SM, K " << sh.k << " M " << M << ": " << bytes;
+      EXPECT_TRUE(bytes == 0 || 2 * (bytes + reserved) <= sm_bytes)
+          << "two CTAs an SM, K " << sh.k << " M " << M << ": " << bytes;
       cuda::detail::set_bmm_tma_tuning({});
     }
 }

@@ -681,7 +681,7 @@ void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
 // is smaller (BmmTmaTuning::beside_next, small K): two of the launch's own CTAs on one SM would
 // stream at half its bandwidth and leave another SM without a CTA. Launched behind a busy kernel,
 // the first SMs it frees would take two each (H100, 2026-12-07: the two-domain launch at K = 128
-// timed 21.5-22.4 us behind the path choice's L2 read, 9.0-9.4 with one CTA an SM). The rest of
+// timed 21.1-22.4 us behind the path choice's L2 read, 8.5-9.5 with one CTA an SM). The rest of
 // the SM stays room for the next launch's CTAs.
 int launch_smem_bytes(const BmmTmaArgs& a, const BmmPlan& pl, int device) {
   const int ring =

@@ -4,8 +4,8 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
-#include <set>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "core/error.h"

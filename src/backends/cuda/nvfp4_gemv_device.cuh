@@ -191,8 +191,8 @@ __device__ __forceinline__ void nvfp4_gemv_block(const Nvfp4GemvArgs& a, const N
   // Each thread adds one lane's C fragment (a float4: rows g, g + 8 and tokens 2t, 2t + 1 of a
   // block of 8, lane 4g + t) over the slot's W warps in warp order, then writes those outputs.
   // Consecutive threads read consecutive float4s, free of bank conflicts (gathering one output a
-  // thread from the fragments read them 8-way conflicted, which at 16 tokens Nsight Compute counted
-  // as 78 % of the shared-memory wavefronts).
+  // thread from the fragments read them 8-way conflicted: at 16 tokens Nsight Compute counted 78 %
+  // of the shared-memory wavefronts as excess).
   const float scale = pr.global_scale != nullptr ? *pr.global_scale * kNvfp4AccUnscale : 0.f;
   constexpr int kFragments = R * kOutTiles * MB * 32;
   for (int f = threadIdx.x; f < kFragments; f += kNvfp4GemvThreads) {
