@@ -684,12 +684,13 @@ void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
 // timed 21.1-22.4 us behind the path choice's L2 read, 8.5-9.5 with one CTA an SM). The rest of
 // the SM stays room for the next launch's CTAs.
 int launch_smem_bytes(const BmmTmaArgs& a, const BmmPlan& pl, int device) {
-  const int ring =
+  // x buffers, ring, output staging, and 1024 bytes of alignment slack
+  const int buffers =
       pl.x_buffers * pl.x_bytes + pl.slots * pl.slot_bytes + kConsumerGroups * pl.out_buffers * pl.out_bytes + 1024;
-  if (ctas_per_sm(a) > 1) return ring;
+  if (ctas_per_sm(a) > 1) return buffers;
   const int sm = device_attribute(device, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   const int reserved = device_attribute(device, cudaDevAttrReservedSharedMemoryPerBlock);
-  return std::max(ring, sm / 2 - reserved + 128);
+  return std::max(buffers, sm / 2 - reserved + 128);
 }
 
 template <int NT, bool kNC>
