@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   // stream may still be leaving at zero: nothing is read before it is done.
   wait_for_previous_grid();
   const int home = home_domain(a.sm_domain, a.num_domains, kNoDomain);
-  for_each_unit(pl, a.num_domains, home, [&](int domain, int unit, auto ahead) {
+  for_each_unit<AheadRequest::kOneDomain>(pl, a.num_domains, home, [&](int domain, int unit, auto ahead) {
     const UnitRows u = unit_rows(a, pl, domain, unit);
     // The next unit is asked for once this block's first weights are.
     gemv_block<M, R, RW>(a.common, u.rows, u.block, partial, ahead);

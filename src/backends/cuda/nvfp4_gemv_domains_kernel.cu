@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB
   wait_for_previous_grid();
   if (threadIdx.x == 0) stamp(s_trace, kGemvTraceWaited);
   const int home = home_domain(a.sm_domain, a.num_domains, kNoDomain);
-  for_each_unit(pl, a.num_domains, home, [&](int domain, int unit, auto ahead) {
+  for_each_unit<AheadRequest::kUntilAnswered>(pl, a.num_domains, home, [&](int domain, int unit, auto ahead) {
     if (threadIdx.x == 0) stamp_once(s_trace, kGemvTraceUnit);
     const GemvUnitPart u = gemv_unit_part(pl, domain, unit);
     const Nvfp4GemvPart& p = a.parts[u.part];

@@ -60,21 +60,34 @@ struct UnitQueue {
   }
 };
 
+// How ahead() asks for a CTA's next unit (for_each_unit).
+enum class AheadRequest {
+  // Its own domain (the first that has not refused it) only: nothing in the block depends on the
+  // answer, which is taken after the body, and a refusal is followed by the other domains there.
+  // For CTAs that take many short blocks (the BF16 matrix-vector kernel's).
+  kOneDomain,
+  // Domain after domain until one hands a unit out: each request depends on the answer before, so
+  // thread 0 (and its warp) waits for them inside the block, and a CTA whose domain has run out
+  // learns it there instead of in a round trip after its last block. For CTAs that take few long
+  // blocks (the NVFP4 matrix-vector kernel's). Thirty-seventh session, H100: the partitioned NVFP4
+  // launch 0.3-0.9 us faster than with kOneDomain on the five larger benchmark shapes at 1 and 8
+  // tokens, the same on the two smallest; the BF16 launch 3-7 us slower (likely the wait, in each
+  // of its many short blocks).
+  kUntilAnswered,
+};
+
 // Runs body(domain, unit, ahead) for each unit this CTA takes from the queue (own domain first);
 // body must hold a CTA barrier (thread 0 publishes the next unit after it) and call ahead() once
-// in every thread: there thread 0 takes its next unit, asking domain after domain until one hands
-// one out, so that the counters' round trips, refusals included, overlap the body. A body calls
-// it once its first weights are asked for (its block's after_first hook): thread 0 stalls on each
-// answer there, and its warp's first loads are then already in flight. (Asking only its own
-// domain there and the others after the body cost each CTA a round trip after its last block: in
-// the thirty-seventh session's A/B the partitioned NVFP4 launch ran 0.3-0.9 us faster this way
-// on the five larger benchmark shapes at 1 and 8 tokens, the same on the two smallest.)
-template <class Plan, class Body>
+// in every thread: there thread 0 asks for its next unit (as kRequest says), so that the
+// counters' round trips overlap the body. A body calls it once its first weights are asked for
+// (its block's after_first hook), so its warp's first loads are already in flight.
+template <AheadRequest kRequest, class Plan, class Body>
 __device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, int home, Body body) {
   // Thread 0's queue state lives in shared memory: nothing of it stays in registers through the
   // body (the weight kernels' bodies need them all).
-  __shared__ int s_domain, s_unit, s_next_domain, s_next_unit;
-  __shared__ unsigned s_refused;
+  __shared__ int s_domain, s_unit, s_ahead;   // s_ahead: kOneDomain, the domain asked (-1: none)
+  __shared__ unsigned s_got, s_refused;       // s_got: kOneDomain, its counter's answer
+  __shared__ int s_next_domain, s_next_unit;  // kUntilAnswered: the unit taken (domain -1: none)
   if (threadIdx.x == 0) {
     UnitQueue<Plan> q{pl, num_domains, home};
     q.first(&s_domain, &s_unit);
@@ -83,8 +96,13 @@ __device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, i
   auto ahead = [&] {
     if (threadIdx.x != 0) return;
     UnitQueue<Plan> q{pl, num_domains, home, s_refused};
-    q.take(&s_next_domain, &s_next_unit);
-    s_refused = q.refused;
+    if constexpr (kRequest == AheadRequest::kUntilAnswered) {
+      q.take(&s_next_domain, &s_next_unit);
+      s_refused = q.refused;
+    } else {
+      s_ahead = pl.counted ? q.next_domain() : -1;
+      if (s_ahead >= 0) s_got = atomicAdd(pl.counters + s_ahead, 1u);
+    }
   };
   while (true) {
     __syncthreads();  // the unit is published; the previous unit's shared memory is read
@@ -92,8 +110,16 @@ __device__ __forceinline__ void for_each_unit(const Plan& pl, int num_domains, i
     if (domain < 0) break;
     body(domain, unit, ahead);
     if (threadIdx.x == 0) {
-      s_domain = s_next_domain;
-      s_unit = s_next_unit;
+      if constexpr (kRequest == AheadRequest::kUntilAnswered) {
+        s_domain = s_next_domain;
+        s_unit = s_next_unit;
+      } else {
+        UnitQueue<Plan> q{pl, num_domains, home, s_refused};
+        s_domain = -1;
+        if (s_ahead >= 0 && q.accept(s_ahead, s_got, &s_unit)) s_domain = s_ahead;
+        else q.take(&s_domain, &s_unit);
+        s_refused = q.refused;
+      }
     }
   }
 }
