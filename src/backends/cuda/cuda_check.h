@@ -5,7 +5,7 @@
 
 #include <map>
 #include <mutex>
-#include <set>
+#include <tuple>
 #include <utility>
 
 #include "core/error.h"
@@ -68,33 +68,30 @@ inline int max_dynamic_smem(const void* kernel) {
   return known[{dev, kernel}] = bytes;
 }
 
-// Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device (the
-// limit is an attribute of the kernel in each device's context; it only grows, so concurrent
-// launches with smaller needs stay valid).
-inline void raise_dynamic_smem_limit(const void* kernel, int bytes) {
+// Sets a kernel's attribute `attribute` on the current device to at least `value` (values <= 0
+// are left alone): once per device, kernel and attribute until a larger value is asked for (it
+// only grows, so concurrent launches that need less stay valid).
+inline void raise_kernel_attribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   static std::mutex mu;
-  static std::map<std::pair<int, const void*>, int> limits;
+  static std::map<std::tuple<int, const void*, int>, int> set_to;
   int dev = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  int& cur = limits[{dev, kernel}];
-  if (bytes <= cur) return;
-  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  cur = bytes;
+  int& cur = set_to[{dev, kernel, static_cast<int>(attribute)}];
+  if (value <= cur) return;
+  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, attribute, value));
+  cur = value;
 }
 
-// Asks that an SM running `kernel` give shared memory its largest carveout (once per device and
-// kernel): a kernel that leaves part of the SM's shared memory to the next launch's CTAs needs
-// that part to exist.
+// Raises a kernel's dynamic shared-memory limit to at least `bytes` on the current device.
+inline void raise_dynamic_smem_limit(const void* kernel, int bytes) {
+  raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// Asks that an SM running `kernel` give shared memory its largest carveout: a kernel that leaves
+// part of the SM's shared memory to the next launch's CTAs needs that part to exist.
 inline void prefer_most_shared_memory(const void* kernel) {
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  int dev = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({dev, kernel}).second) return;
-  LOCUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
+  raise_kernel_attribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
 }
 
 }  // namespace locus::cuda
