@@ -115,17 +115,26 @@ struct Nvfp4GemvShape {
 };
 // Whether the lean form takes the problem: two blocks of tokens (9-16), one weight, no SwiGLU.
 bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a);
-// The shape a launch takes when none is given, for a problem on `sms` SMs. Candidates: per tile
-// count a warp (2, whose activation loads serve two tiles, and 1; SwiGLU: 2) the most warps a slot
-// whose CTAs are all resident at once (one wave: each CTA's warps stream at their own pace to the
-// end), and the many short CTAs of nvfp4_gemv_short_shape (waves that the block scheduler
-// balances). It takes the one whose waves are fullest (CTAs over resident CTAs, over whole waves;
-// a tie goes to two tiles a warp): the fastest shape, or within 7 % of it (4 % in all but 3 of
-// 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md). With `allow_lean`
-// and where the lean form fits, one tile a warp in that form (short CTAs or one wave, at 3 CTAs
-// an SM) then wins at strictly fuller waves. A forced shape (set_nvfp4_gemv_shape) wins; its
-// lean flag is dropped where the form does not fit.
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean = true);
+// The shape a launch takes when none is given, for a problem on `sms` SMs (`domain_aware`: the
+// domain-aware launch's blocks, which its persistent CTAs take from counters).
+// One weight, one block of tokens (1-8), no SwiGLU, not domain-aware: of the one-wave shapes
+// (every CTA resident at once; two tiles a warp or one, 1-8 warps a slot) the one whose busiest
+// SM streams the fewest tiles (its CTAs, ceil(CTAs / SMs), times each one's tiles); a tie goes to
+// two tiles a warp, then to more warps a slot. In the thirty-eighth session's sweep (H100) that
+// is the fastest shape, or within 0.3 us of it, on the seven benchmark shapes at 1 and 8 tokens
+// (4096 x 7168: two tiles, 8.1-8.2 us against 8.7-9.0 in the fuller waves of one tile; 18432 x
+// 7168: 288 one-wave CTAs, 28.8-30.3 us against 29.9-30.8 in 1152 short ones).
+// Otherwise, and where no shape fits one wave, the candidates are: per tile count a warp (2, whose
+// activation loads serve two tiles, and 1; SwiGLU: 2) the most warps a slot whose CTAs are all
+// resident at once, and the many short CTAs of nvfp4_gemv_short_shape (waves that the block
+// scheduler balances). It takes the one whose waves are fullest (CTAs over resident CTAs, over
+// whole waves; a tie goes to two tiles a warp): the fastest shape, or within 7 % of it (4 % in all
+// but 3 of 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md), and at 16
+// tokens the fastest in the thirty-eighth's. Not domain-aware and where the lean form fits, one
+// tile a warp in that form (short CTAs or one wave, at 3 CTAs an SM) then wins at strictly fuller
+// waves. A forced shape (set_nvfp4_gemv_shape) wins; its lean flag is dropped where the form does
+// not fit.
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool domain_aware = false);
 // Warps split K so that each warp's part is about 8 tile chunks long (two batches in flight,
 // then two more).
 Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp);

@@ -140,6 +140,24 @@ int one_wave_warps(const Nvfp4GemvArgs& a, int tiles_per_warp, bool lean, int sm
   return 0;
 }
 
+// Of the one-wave shapes (nvfp4_gemv_shape), the one whose busiest SM streams the fewest tiles;
+// {0, 0} where none fits one wave.
+Nvfp4GemvShape least_loaded_one_wave_shape(const Nvfp4GemvArgs& a, int sms) {
+  const int64_t chunks = (a.k + 63) / 64;
+  Nvfp4GemvShape best{0, 0};
+  int64_t best_tiles = 0;
+  for (const int tiles : {2, 1}) {
+    for (int w = kNvfp4GemvWarps; w >= 1; w /= 2) {
+      const Nvfp4GemvShape s{tiles, w};
+      const int64_t ctas = ctas_of(a, s);
+      if (w > chunks || ctas > int64_t{resident_ctas_per_sm(a, s)} * sms) continue;
+      const int64_t busiest = (ctas + sms - 1) / sms * (kNvfp4GemvWarps / w) * tiles;
+      if (best.warps_per_slot == 0 || busiest < best_tiles) best = s, best_tiles = busiest;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp) {
@@ -149,11 +167,15 @@ Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp
   return s;
 }
 
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean) {
-  const bool lean_fits = allow_lean && nvfp4_gemv_lean_fits(a);
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool domain_aware) {
+  const bool lean_fits = !domain_aware && nvfp4_gemv_lean_fits(a);
   if (g_forced.warps_per_slot > 0) {
     const int tiles = a.swiglu ? 2 : g_forced.tiles_per_warp > 0 ? g_forced.tiles_per_warp : 1;
     return {tiles, g_forced.warps_per_slot, g_forced.lean && tiles == 1 && lean_fits};
+  }
+  if (!domain_aware && a.num_indexed == 0 && !a.swiglu && nvfp4_gemv_token_blocks(a) == 1) {
+    const Nvfp4GemvShape s = least_loaded_one_wave_shape(a, sms);
+    if (s.warps_per_slot > 0) return s;
   }
   const int short_tiles = a.swiglu ? 2 : 1;
   Nvfp4GemvShape best = nvfp4_gemv_short_shape(a, short_tiles);
