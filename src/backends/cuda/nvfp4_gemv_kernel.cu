@@ -131,27 +131,30 @@ int64_t ctas_of(const Nvfp4GemvArgs& a, Nvfp4GemvShape s) {
   return (slots_of(a, s.tiles_per_warp) + per_cta - 1) / per_cta;
 }
 
+// Whether every CTA of shape `s` is resident at once on `sms` SMs (one wave: each CTA's warps
+// stream at their own pace to the end), each of a slot's warps with a chunk of K.
+bool fits_one_wave(const Nvfp4GemvArgs& a, Nvfp4GemvShape s, int sms) {
+  return s.warps_per_slot <= (a.k + 63) / 64 && ctas_of(a, s) <= int64_t{resident_ctas_per_sm(a, s)} * sms;
+}
+
 // The most warps a slot whose CTAs are all resident at once; 0 where even one warp a slot is not.
 int one_wave_warps(const Nvfp4GemvArgs& a, int tiles_per_warp, bool lean, int sms) {
-  const int64_t chunks = (a.k + 63) / 64;
-  const int64_t resident = int64_t{resident_ctas_per_sm(a, {tiles_per_warp, 1, lean})} * sms;
   for (int w = kNvfp4GemvWarps; w >= 1; w /= 2)
-    if (w <= chunks && ctas_of(a, {tiles_per_warp, w}) <= resident) return w;
+    if (fits_one_wave(a, {tiles_per_warp, w, lean}, sms)) return w;
   return 0;
 }
 
-// Of the one-wave shapes (nvfp4_gemv_shape), the one whose busiest SM streams the fewest tiles;
-// {0, 0} where none fits one wave.
+// Of the one-wave shapes (nvfp4_gemv_shape), the one whose busiest SM streams the fewest tiles
+// (resident CTAs go one an SM, then a second: it holds ceil(CTAs / SMs)); a tie keeps the first,
+// two tiles a warp before one and more warps a slot before fewer. {0, 0} where none fits one wave.
 Nvfp4GemvShape least_loaded_one_wave_shape(const Nvfp4GemvArgs& a, int sms) {
-  const int64_t chunks = (a.k + 63) / 64;
   Nvfp4GemvShape best{0, 0};
   int64_t best_tiles = 0;
   for (const int tiles : {2, 1}) {
     for (int w = kNvfp4GemvWarps; w >= 1; w /= 2) {
       const Nvfp4GemvShape s{tiles, w};
-      const int64_t ctas = ctas_of(a, s);
-      if (w > chunks || ctas > int64_t{resident_ctas_per_sm(a, s)} * sms) continue;
-      const int64_t busiest = (ctas + sms - 1) / sms * (kNvfp4GemvWarps / w) * tiles;
+      if (!fits_one_wave(a, s, sms)) continue;
+      const int64_t busiest = (ctas_of(a, s) + sms - 1) / sms * (kNvfp4GemvWarps / w) * tiles;
       if (best.warps_per_slot == 0 || busiest < best_tiles) best = s, best_tiles = busiest;
     }
   }
