@@ -188,9 +188,9 @@ TEST(CudaNvfp4GemvRules, ShortShapesSplitKIntoPartsOfAboutEightTileChunks) {
 }
 
 // On 132 SMs (3 resident CTAs an SM with one tile a warp and up to 8 tokens, or in the lean form,
-// else 2): one weight at up to 8 tokens, the one-wave shape whose busiest SM streams the fewest
-// tiles (the thirty-eighth session's sweep); else the shape whose waves are fullest, as the
-// twenty-ninth and thirty-first sessions' sweeps found fastest.
+// else 2): one weight (or the domain-aware launch's shards) at up to 8 tokens, the one-wave shape
+// whose busiest SM streams the fewest tiles (the thirty-eighth session's sweep); else the shape
+// whose waves are fullest, as the twenty-ninth and thirty-first sessions' sweeps found fastest.
 TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   // The built-in shape as (tiles a warp, warps a slot, lean form); entries > 0: a by-id product.
   auto shape = [](int64_t m, int64_t n, int64_t k, bool swiglu = false, int entries = 0, bool domain_aware = false) {
@@ -215,7 +215,7 @@ TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   EXPECT_EQ(shape(1, 24576, 1536), L(1, 2, false));  // 384 CTAs: 12 tiles
   EXPECT_EQ(shape(1, 32768, 512), L(2, 2, false));   // 256 CTAs: 16 tiles (a tie with 1 warp, and one tile)
   EXPECT_EQ(shape(1, 7168, 2048), L(2, 8, false));
-  EXPECT_EQ(shape(1, 18432, 7168, false, 0, true), L(1, 8, false));  // the domain-aware kernel's: fullest waves
+  EXPECT_EQ(shape(1, 18432, 7168, false, 0, true), L(1, 2, false));  // the domain-aware kernel's too
   EXPECT_EQ(shape(16, 7168, 7168), L(2, 8, false));  // a tie (224 of 264 against 448 of 528): two tiles
   // 16 tokens: the lean form where its 3 CTAs an SM fill the waves better.
   EXPECT_EQ(shape(16, 18432, 7168), L(1, 8, true));  // 1152 short CTAs: 2.9 of 3 waves (4.4 of 5 at 2)

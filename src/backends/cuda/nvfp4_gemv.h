@@ -116,14 +116,16 @@ struct Nvfp4GemvShape {
 // Whether the lean form takes the problem: two blocks of tokens (9-16), one weight, no SwiGLU.
 bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a);
 // The shape a launch takes when none is given, for a problem on `sms` SMs (`domain_aware`: the
-// domain-aware launch's blocks, which its persistent CTAs take from counters).
-// One weight, one block of tokens (1-8), no SwiGLU, not domain-aware: of the one-wave shapes
-// (every CTA resident at once; two tiles a warp or one, 1-8 warps a slot) the one whose busiest
-// SM streams the fewest tiles (its CTAs, ceil(CTAs / SMs), times each one's tiles); a tie goes to
-// two tiles a warp, then to more warps a slot. In the thirty-eighth session's sweep (H100) that
-// is the fastest shape, or within 0.3 us of it, on the seven benchmark shapes at 1 and 8 tokens
-// (4096 x 7168: two tiles, 8.1-8.2 us against 8.7-9.0 in the fuller waves of one tile; 18432 x
-// 7168: 288 one-wave CTAs, 28.8-30.3 us against 29.9-30.8 in 1152 short ones).
+// blocks of the domain-aware launch, which has no lean form).
+// One weight (or the domain-aware launch's shards), one block of tokens (1-8), no SwiGLU: of the
+// one-wave shapes (every CTA resident at once; two tiles a warp or one, 1-8 warps a slot) the one
+// whose busiest SM streams the fewest tiles (its CTAs, ceil(CTAs / SMs), times each one's tiles);
+// a tie goes to two tiles a warp, then to more warps a slot. In the thirty-eighth session's sweep
+// (H100) that is the fastest shape, or within 0.3 us of it, on the seven benchmark shapes at 1 and
+// 8 tokens (4096 x 7168: two tiles, 8.1-8.2 us against 8.7-9.0 in the fuller waves of one tile;
+// 18432 x 7168: 288 one-wave CTAs, 28.8-30.3 us against 29.9-30.8 in 1152 short ones); the
+// domain-aware launch in the same blocks ran 0.3-2.7 us faster there (18432 x 7168 at 8 tokens
+// 32.9-33.0 -> 30.3-30.4 us) and its outputs keep the one-weight kernel's bits.
 // Otherwise, and where no shape fits one wave, the candidates are: per tile count a warp (2, whose
 // activation loads serve two tiles, and 1; SwiGLU: 2) the most warps a slot whose CTAs are all
 // resident at once, and the many short CTAs of nvfp4_gemv_short_shape (waves that the block

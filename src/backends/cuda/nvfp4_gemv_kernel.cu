@@ -176,7 +176,7 @@ Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool domain_awa
     const int tiles = a.swiglu ? 2 : g_forced.tiles_per_warp > 0 ? g_forced.tiles_per_warp : 1;
     return {tiles, g_forced.warps_per_slot, g_forced.lean && tiles == 1 && lean_fits};
   }
-  if (!domain_aware && a.num_indexed == 0 && !a.swiglu && nvfp4_gemv_token_blocks(a) == 1) {
+  if (a.num_indexed == 0 && !a.swiglu && nvfp4_gemv_token_blocks(a) == 1) {
     const Nvfp4GemvShape s = least_loaded_one_wave_shape(a, sms);
     if (s.warps_per_slot > 0) return s;
   }
