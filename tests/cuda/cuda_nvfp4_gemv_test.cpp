@@ -193,7 +193,7 @@ TEST(CudaNvfp4GemvRules, ShortShapesSplitKIntoPartsOfAboutEightTileChunks) {
 // whose waves are fullest, as the twenty-ninth and thirty-first sessions' sweeps found fastest.
 TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   // The built-in shape as (tiles a warp, warps a slot, lean form); entries > 0: a by-id product.
-  auto shape = [](int64_t m, int64_t n, int64_t k, bool swiglu = false, int entries = 0, bool domain_aware = false) {
+  auto shape = [](int64_t m, int64_t n, int64_t k, bool swiglu = false, int entries = 0, bool allow_lean = true) {
     Nvfp4GemvArgs a;
     a.m = m;
     a.n = n;
@@ -203,7 +203,7 @@ TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
       a.num_indexed = 1;
       a.indexed[0].entries = entries;
     }
-    const Nvfp4GemvShape s = cuda::detail::nvfp4_gemv_shape(a, 132, domain_aware);
+    const Nvfp4GemvShape s = cuda::detail::nvfp4_gemv_shape(a, 132, allow_lean);
     return std::make_tuple(s.tiles_per_warp, s.warps_per_slot, s.lean);
   };
   using L = std::tuple<int, int, bool>;
@@ -215,7 +215,7 @@ TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   EXPECT_EQ(shape(1, 24576, 1536), L(1, 2, false));  // 384 CTAs: 12 tiles
   EXPECT_EQ(shape(1, 32768, 512), L(2, 2, false));   // 256 CTAs: 16 tiles (a tie with 1 warp, and one tile)
   EXPECT_EQ(shape(1, 7168, 2048), L(2, 8, false));
-  EXPECT_EQ(shape(1, 18432, 7168, false, 0, true), L(1, 2, false));  // the domain-aware kernel's too
+  EXPECT_EQ(shape(1, 18432, 7168, false, 0, false), L(1, 2, false));  // the domain-aware kernel's too
   EXPECT_EQ(shape(16, 7168, 7168), L(2, 8, false));  // a tie (224 of 264 against 448 of 528): two tiles
   // 16 tokens: the lean form where its 3 CTAs an SM fill the waves better.
   EXPECT_EQ(shape(16, 18432, 7168), L(1, 8, true));  // 1152 short CTAs: 2.9 of 3 waves (4.4 of 5 at 2)
@@ -224,8 +224,8 @@ TEST(CudaNvfp4GemvRules, TheBuiltInShapeFillsItsWaves) {
   EXPECT_EQ(shape(16, 32768, 512), L(2, 2, false));  // 128 of 264 (a tie with one tile: two); lean 256 of 396
   EXPECT_EQ(shape(16, 7168, 2048), L(2, 8, false));  // 224 of 264; lean 224 of 396
   EXPECT_EQ(shape(16, 7168, 18432), L(2, 8, false));
-  EXPECT_EQ(shape(16, 18432, 7168, false, 0, true), L(1, 8, false));  // the domain-aware kernel's: never lean
-  EXPECT_EQ(shape(16, 24576, 1536, false, 0, true), L(2, 2, false));
+  EXPECT_EQ(shape(16, 18432, 7168, false, 0, false), L(1, 8, false));  // the domain-aware kernel's: never lean
+  EXPECT_EQ(shape(16, 24576, 1536, false, 0, false), L(2, 2, false));
   EXPECT_EQ(shape(1, 2048, 7168, true, 9), L(2, 8, false));   // a MoE's gate/up by id, 9 entries: short CTAs
   EXPECT_EQ(shape(1, 7168, 2048, false, 9), L(2, 1, false));  // its down projection: 252 CTAs of 264
   cuda::detail::set_nvfp4_gemv_shape({1, 4});  // forced (SwiGLU keeps its 2 tiles)

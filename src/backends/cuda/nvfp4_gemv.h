@@ -115,8 +115,7 @@ struct Nvfp4GemvShape {
 };
 // Whether the lean form takes the problem: two blocks of tokens (9-16), one weight, no SwiGLU.
 bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a);
-// The shape a launch takes when none is given, for a problem on `sms` SMs (`domain_aware`: the
-// blocks of the domain-aware launch, which has no lean form).
+// The shape a launch takes when none is given, for a problem on `sms` SMs.
 // One weight (or the domain-aware launch's shards), one block of tokens (1-8), no SwiGLU: of the
 // one-wave shapes (every CTA resident at once; two tiles a warp or one, 1-8 warps a slot) the one
 // whose busiest SM streams the fewest tiles (its CTAs, ceil(CTAs / SMs), times each one's tiles);
@@ -132,11 +131,11 @@ bool nvfp4_gemv_lean_fits(const Nvfp4GemvArgs& a);
 // scheduler balances). It takes the one whose waves are fullest (CTAs over resident CTAs, over
 // whole waves; a tie goes to two tiles a warp): the fastest shape, or within 7 % of it (4 % in all
 // but 3 of 63 cells), in the twenty-ninth session's three sweeps (docs/benchmarks.md), and at 16
-// tokens the fastest in the thirty-eighth's. Not domain-aware and where the lean form fits, one
+// tokens the fastest in the thirty-eighth's. With `allow_lean` and where the lean form fits, one
 // tile a warp in that form (short CTAs or one wave, at 3 CTAs an SM) then wins at strictly fuller
 // waves. A forced shape (set_nvfp4_gemv_shape) wins; its lean flag is dropped where the form does
 // not fit.
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool domain_aware = false);
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean = true);
 // Warps split K so that each warp's part is about 8 tile chunks long (two batches in flight,
 // then two more).
 Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp);

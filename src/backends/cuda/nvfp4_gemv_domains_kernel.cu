@@ -82,7 +82,7 @@ Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms) {
   all.n = 0;
   for (int i = 0; i < a.num_parts; ++i) all.n += a.parts[i].n;
   all.num_indexed = 0;
-  return nvfp4_gemv_shape(all, sms, /*domain_aware=*/true);
+  return nvfp4_gemv_shape(all, sms, /*allow_lean=*/false);
 }
 
 void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream) {

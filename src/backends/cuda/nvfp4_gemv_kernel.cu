@@ -170,8 +170,8 @@ Nvfp4GemvShape nvfp4_gemv_short_shape(const Nvfp4GemvArgs& a, int tiles_per_warp
   return s;
 }
 
-Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool domain_aware) {
-  const bool lean_fits = !domain_aware && nvfp4_gemv_lean_fits(a);
+Nvfp4GemvShape nvfp4_gemv_shape(const Nvfp4GemvArgs& a, int sms, bool allow_lean) {
+  const bool lean_fits = allow_lean && nvfp4_gemv_lean_fits(a);
   if (g_forced.warps_per_slot > 0) {
     const int tiles = a.swiglu ? 2 : g_forced.tiles_per_warp > 0 ? g_forced.tiles_per_warp : 1;
     return {tiles, g_forced.warps_per_slot, g_forced.lean && tiles == 1 && lean_fits};
