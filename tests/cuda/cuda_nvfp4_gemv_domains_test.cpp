@@ -2,17 +2,21 @@
 // product's shards in one launch over two green-context domains, against fp64 of the dequantized
 // shards on random inputs, written into their columns of a poisoned tensor (the columns around
 // stay poisoned), bitwise equal to the one-weight kernel on each shard in the same block shape,
-// the same bits on a second call and from graph replays (its counters reset themselves), a replay
-// after an in-place reload using the new weights; every SM in one domain (the other's blocks
-// stolen); a traced launch (its timeline words, its bits); its eligibility rules; and the
+// the same bits on a second call and from graph replays (its counters reset themselves), with its
+// blocks claimed by SM rank and counted alike on every call and replay, a replay after an
+// in-place reload using the new weights; claimed blocks of SMs that run no CTA taken by the
+// scans; every SM in one domain (the other's blocks stolen); a traced launch (its timeline words, its bits); its eligibility rules; and the
 // partitioned ops on each of their paths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/domain_table.h"
 #include "backends/cuda/nvfp4_gemv.h"
+#include "backends/cuda/stream_gemm.h"     // kNoDomain
 #include "backends/cuda/stream_scratch.h"  // sm_count_for
 #include "cuda_test_util.h"
 #include "ops/partitioned.h"
@@ -50,6 +54,22 @@ std::vector<double> reference(const Tensor& x, const std::vector<ops::Nvfp4Weigh
       for (int64_t j = 0; j < cols; ++j) ref[t * n + c0 + j] = r[t * cols + j];
   }
   return ref;
+}
+
+// Two calls, then three replays of a graph of one, each into `y` poisoned first: every one writes
+// `expected` bitwise.
+void expect_same_bits_on_every_run(Tensor& y, const Tensor& expected, const std::function<void(cudaStream_t)>& launch,
+                                   cudaStream_t stream) {
+  cuda::Graph g;
+  g.begin_capture(stream);
+  launch(stream);
+  g.end_capture();
+  for (int run = 0; run < 5; ++run) {
+    y.fill_nan_();
+    if (run < 2) launch(stream);
+    else g.replay(stream);
+    EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << (run < 2 ? "call " : "replay ") << (run < 2 ? run : run - 2);
+  }
 }
 
 class CudaNvfp4GemvDomains : public CudaTwoDomains, public ::testing::WithParamInterface<Fp4DomainsCase> {};
@@ -97,6 +117,16 @@ TEST_P(CudaNvfp4GemvDomains, ShardsMatchFp64AndTheOneWeightKernelsBitsAndReplayA
   }
   EXPECT_TRUE(bitwise_equal(fetch(y_each), first));
 
+  // Claimed and counted blocks alike (the forms that claim do so by default): the same bits on
+  // every call and every replay of a graph, y poisoned before each (a claimed launch tags its
+  // claims with a count of the stream's launches, which a replay advances).
+  for (const bool claims : {true, false}) {
+    cuda::detail::set_nvfp4_gemv_claims(claims);
+    expect_same_bits_on_every_run(y, first, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv_domains(a, s); },
+                                  caller_);
+  }
+  cuda::detail::set_nvfp4_gemv_claims(true);
+
   // A graph of it, replayed after new weights were copied into the shards' own buffers.
   cuda::Graph g;
   g.begin_capture(caller_);
@@ -128,6 +158,50 @@ INSTANTIATE_TEST_SUITE_P(
                       Fp4DomainsCase{1, 7168, {0, 1024, 2048}, DType::kBF16, 0, true},
                       Fp4DomainsCase{9, 2000, {0, 256, 640}, DType::kFP32, 0, true}));
 
+// Claimed blocks whose SM never runs a CTA of the launch: tables that put every fourth SM in
+// domain 0 and the next in domain 1 (the others in none) but give each domain twice its SMs, so
+// the blocks of the upper ranks belong to SMs that do not exist. The CTAs' scans find them and
+// take them (those of SMs in no domain only scan): every output is written on every call and
+// replay, with the bits of the counted launch.
+TEST_F(CudaTwoDomains, ClaimedBlocksOfAbsentSmsAreTakenByScans) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const int64_t m = 1, k = 2048, n = 7168;
+  const std::vector<ops::Nvfp4Weight> host = {random_nvfp4(n / 2, k, seed), random_nvfp4(n / 2, k, seed + 1)};
+  const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
+  const Tensor x = randn({m, k}, DType::kBF16, seed + 2);
+  const Tensor xg = to_gpu(x);
+  Tensor y = poisoned_gpu({m, n}, DType::kBF16);
+  Nvfp4GemvDomainArgs a;
+  ASSERT_TRUE(cuda::detail::nvfp4_gemv_domain_args(
+      xg, shards, Tensor(), y, false, {{0, n / 2, parts_[0].stream}, {n / 2, n, parts_[1].stream}}, &a));
+  cuda::detail::set_nvfp4_gemv_shape({2, 8});  // a form that claims its blocks
+  cuda::detail::set_nvfp4_gemv_claims(false);
+  cuda::detail::launch_nvfp4_gemv_domains(a, caller_);
+  const Tensor counted = fetch(y);
+  EXPECT_LT(rel_error(counted.clone(), reference(x, host, Tensor(), {m, k, {0, n / 2, n}, DType::kBF16, 0, false})),
+            bf16_gemm_tolerance(k));
+  cuda::detail::set_nvfp4_gemv_claims(true);
+
+  const int sms = cuda::detail::sm_count_for(caller_);
+  Tensor tables = Tensor::zeros({2048}, DType::kU8, Device::cpu());
+  uint8_t* t = tables.data<uint8_t>();
+  std::fill(t, t + 1024, cuda::detail::kNoDomain);
+  int32_t present[2] = {0, 0};
+  for (int sm = 0; sm < sms; ++sm)
+    if (sm % 4 < 2) t[sm] = static_cast<uint8_t>(sm % 4), t[1024 + sm] = static_cast<uint8_t>(present[sm % 4]++);
+  const Tensor tables_gpu = to_gpu(tables);
+  a.sm_domain = tables_gpu.data<uint8_t>();
+  a.sm_rank = a.sm_domain + 1024;
+  for (int d = 0; d < 2; ++d) a.domain_sms[d] = 2 * present[d];
+  bool claimed = false;
+  cuda::detail::launch_nvfp4_gemv_domains(a, caller_, &claimed);
+  EXPECT_TRUE(claimed) << "the launch counted its blocks";
+  expect_same_bits_on_every_run(y, counted, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv_domains(a, s); },
+                                caller_);
+  cuda::detail::set_nvfp4_gemv_shape({0, 0});
+}
+
 // Without a table every SM counts as domain 0, and with a table that puts every SM in domain 0
 // likewise: domain 1's blocks are all stolen, and every output is still written once.
 TEST_F(CudaCallerStream, Nvfp4GemvDomainWithoutSmsIsStolen) {
@@ -157,7 +231,7 @@ TEST_F(CudaCallerStream, Nvfp4GemvDomainWithoutSmsIsStolen) {
 // A timeline (Nvfp4GemvArgs::trace, for cuda_gemv_timeline_bench) changes no output bit, and
 // every CTA of both launches stamps its words in order: start, waited, first block known, last
 // block written, exit (a domain-aware CTA that takes no block stamps its exit time into the
-// block words).
+// block words; one that claims its block knows it before it waits).
 TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -166,20 +240,28 @@ TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
   const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
   const Tensor xg = to_gpu(randn({m, k}, DType::kBF16, seed + 2));
   Tensor y = poisoned_gpu({m, n}, DType::kBF16), y_traced = poisoned_gpu({m, n}, DType::kBF16);
-  auto expect_ordered = [](const std::vector<std::vector<unsigned long long>>& recs) {
+  auto expect_ordered = [](const std::vector<std::vector<unsigned long long>>& recs, bool claimed) {
     namespace cd = cuda::detail;
     for (size_t i = 0; i < recs.size(); ++i) {
       SCOPED_TRACE(::testing::Message() << "record " << i);
       const auto& r = recs[i];
       EXPECT_GT(r[cd::kGemvTraceStart], 0u);
-      for (int w = cd::kGemvTraceWaited; w < cd::kGemvTraceWords; ++w) EXPECT_LE(r[w - 1], r[w]) << "word " << w;
+      EXPECT_LE(r[cd::kGemvTraceStart], r[cd::kGemvTraceWaited]);
+      EXPECT_LE(claimed ? r[cd::kGemvTraceStart] : r[cd::kGemvTraceWaited], r[cd::kGemvTraceUnit]);
+      for (int w = cd::kGemvTraceBody; w < cd::kGemvTraceWords; ++w) EXPECT_LE(r[w - 1], r[w]) << "word " << w;
+      EXPECT_LE(r[cd::kGemvTraceWaited], r[cd::kGemvTraceBody]);
     }
   };
-  {  // the domain-aware launch
+  cuda::detail::set_nvfp4_gemv_shape({2, 8});  // a form that claims its blocks
+  for (const bool claims : {true, false}) {  // the domain-aware launch, its blocks claimed, then counted
+    SCOPED_TRACE(::testing::Message() << "claims " << claims);
+    cuda::detail::set_nvfp4_gemv_claims(claims);
     Nvfp4GemvDomainArgs a;
     ASSERT_TRUE(cuda::detail::nvfp4_gemv_domain_args(
         xg, shards, Tensor(), y, false, {{0, n / 2, parts_[0].stream}, {n / 2, n, parts_[1].stream}}, &a));
-    cuda::detail::launch_nvfp4_gemv_domains(a, caller_);
+    bool claimed = !claims;
+    cuda::detail::launch_nvfp4_gemv_domains(a, caller_, &claimed);
+    EXPECT_EQ(claimed, claims);
     TraceRecords records(4096, cuda::detail::kGemvTraceWords);
     a.common.y = y_traced.data_ptr();
     a.common.trace = records.trace();
@@ -187,12 +269,17 @@ TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
     const auto recs = records.read();
     EXPECT_TRUE(bitwise_equal(fetch(y_traced), fetch(y)));
     ASSERT_FALSE(recs.empty()) << "no CTA was traced";
-    expect_ordered(recs);  // as many CTAs as the launch's plan: at most one a block
-    EXPECT_LE(recs.size(), static_cast<size_t>(cuda::detail::nvfp4_gemv_blocks(
-                               cuda::detail::nvfp4_gemv_args(xg, shards[0], Tensor(), y, false),
-                               cuda::detail::nvfp4_gemv_domains_shape(a, cuda::detail::sm_count_for(caller_))) *
-                           2));
+    expect_ordered(recs, claimed);
+    // As many CTAs as the launch's plan: counted, at most one a block; claimed, a few an SM.
+    const int64_t blocks = cuda::detail::nvfp4_gemv_blocks(
+        cuda::detail::nvfp4_gemv_args(xg, shards[0], Tensor(), y, false),
+        cuda::detail::nvfp4_gemv_domains_shape(a, cuda::detail::sm_count_for(caller_)));
+    EXPECT_LE(recs.size(), static_cast<size_t>(claimed ? int64_t{cuda::detail::kClaimWordsPerSm} *
+                                                             cuda::detail::sm_count_for(caller_)
+                                                       : 2 * blocks));
   }
+  cuda::detail::set_nvfp4_gemv_claims(true);
+  cuda::detail::set_nvfp4_gemv_shape({0, 0});
   {  // the one-weight launch: one record a block
     y.fill_nan_();
     y_traced.fill_nan_();
@@ -205,7 +292,7 @@ TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
     cuda::detail::launch_nvfp4_gemv(a, caller_);
     const auto recs = records.read();
     EXPECT_TRUE(bitwise_equal(fetch(y_traced), fetch(y)));
-    expect_ordered(recs);
+    expect_ordered(recs, false);
     EXPECT_EQ(recs.size(), static_cast<size_t>(cuda::detail::nvfp4_gemv_blocks(
                                a, cuda::detail::nvfp4_gemv_shape(a, cuda::detail::sm_count_for(caller_)))));
   }

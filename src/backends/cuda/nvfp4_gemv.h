@@ -200,6 +200,8 @@ struct Nvfp4GemvDomainArgs {
   Nvfp4GemvPart parts[kGemvMaxParts];
   int32_t num_parts = 0, num_domains = 1;
   const uint8_t* sm_domain = nullptr;
+  const uint8_t* sm_rank = nullptr;  // %smid -> rank among its domain's SMs (domain_table.h), with sm_domain
+  int32_t domain_sms[kGemvMaxDomains] = {};
 };
 
 // Whether the domain-aware kernel takes the problem: what nvfp4_gemv_eligible asks of each part
@@ -207,16 +209,22 @@ struct Nvfp4GemvDomainArgs {
 bool nvfp4_gemv_domains_eligible(const Nvfp4GemvDomainArgs& a);
 // Enqueues the product on `stream` as one launch: persistent CTAs take the one-weight kernel's
 // blocks (so every output has the bits that kernel gives it in the same block shape) from their
-// SM's domain first, then from the others, through per-domain counters that the launch leaves at
-// zero. The block shape is nvfp4_gemv_shape's for all the parts' columns on the whole device.
-// The problem must be eligible.
-void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream);
+// SM's domain first, then from the others. In the forms of 1-8 tokens with two tiles a warp (no
+// SwiGLU), where every domain's blocks fit its SMs' CTA slots and the domains' SM tables are set
+// (sm_rank, domain_sms), each CTA claims its SM's block before the previous kernel ends and asks
+// for its weights at once (unit_claims.cuh; *claims set true); otherwise the blocks come from
+// per-domain counters that the launch leaves at zero. The block shape is nvfp4_gemv_shape's for
+// all the parts' columns on the whole device. The problem must be eligible.
+void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream, bool* claims = nullptr);
 // The arguments of the partitioned y = x [shards]^T (+ bias; with swiglu each shard is [gate
 // rows; up rows] of its slice) on the domains of `slices` (shard p makes y's columns
 // [n0, n1) of slices[p]); false where the kernel does not take them.
 bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>& shards, const Tensor& bias,
                             const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices,
                             Nvfp4GemvDomainArgs* a);
+// Whether launch_nvfp4_gemv_domains lets its CTAs claim their blocks by SM rank where it can
+// (unit_claims.cuh) instead of asking per-domain counters (LOCUS_NVFP4_GEMV_CLAIMS, default on).
+void set_nvfp4_gemv_claims(bool on);
 // The block shape launch_nvfp4_gemv_domains takes on `sms` SMs (never the lean form).
 Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms);
 

@@ -56,8 +56,11 @@ bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>
                    slices[p].n0, domain_of[p]};
   }
   if (streams.size() > 1) {
+    const DomainTables& t = domain_tables(streams);
     a->num_domains = static_cast<int32_t>(streams.size());
-    a->sm_domain = domain_tables(streams).sm_domain;
+    a->sm_domain = t.sm_domain;
+    a->sm_rank = t.sm_rank;
+    for (int d = 0; d < a->num_domains; ++d) a->domain_sms[d] = t.domain_sms[d];
   }
   return nvfp4_gemv_domains_eligible(*a);
 }

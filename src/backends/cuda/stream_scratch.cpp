@@ -33,6 +33,20 @@ StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partia
   return s;
 }
 
+unsigned long long* stream_claim_words(cudaStream_t stream, int sms) {
+  static std::mutex mu;
+  static auto* all = new std::map<std::tuple<int, cudaStream_t, int>, unsigned long long*>();
+  std::lock_guard<std::mutex> lock(mu);
+  int dev = 0;
+  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
+  unsigned long long*& words = (*all)[{dev, stream, sms}];
+  if (words == nullptr) {
+    const size_t bytes = 3 * sizeof(unsigned long long) * kClaimWordsPerSm * sms;
+    words = static_cast<unsigned long long*>(persistent_device_alloc(bytes, nullptr, "allocating claim words"));
+  }
+  return words;
+}
+
 int sm_count_for(cudaStream_t stream) {
   const int part = partition_stream_sm_count(stream);
   if (part > 0) return part;
