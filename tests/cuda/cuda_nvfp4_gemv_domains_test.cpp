@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_ops.h"
@@ -70,6 +71,14 @@ void expect_same_bits_on_every_run(Tensor& y, const Tensor& expected, const std:
     else g.replay(stream);
     EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << (run < 2 ? "call " : "replay ") << (run < 2 ? run : run - 2);
   }
+}
+
+// The two halves of a random NVFP4 [n, k] weight by rows (host), prepared on domains 0 and 1.
+std::pair<std::vector<ops::Nvfp4Weight>, std::vector<ops::Nvfp4Weight>> halves_on_two_domains(int64_t n, int64_t k,
+                                                                                              uint64_t seed) {
+  std::vector<ops::Nvfp4Weight> host = {random_nvfp4(n / 2, k, seed), random_nvfp4(n / 2, k, seed + 1)};
+  std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
+  return {std::move(host), std::move(shards)};
 }
 
 class CudaNvfp4GemvDomains : public CudaTwoDomains, public ::testing::WithParamInterface<Fp4DomainsCase> {};
@@ -167,8 +176,7 @@ TEST_F(CudaTwoDomains, ClaimedBlocksOfAbsentSmsAreTakenByScans) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t m = 1, k = 2048, n = 7168;
-  const std::vector<ops::Nvfp4Weight> host = {random_nvfp4(n / 2, k, seed), random_nvfp4(n / 2, k, seed + 1)};
-  const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
+  const auto [host, shards] = halves_on_two_domains(n, k, seed);
   const Tensor x = randn({m, k}, DType::kBF16, seed + 2);
   const Tensor xg = to_gpu(x);
   Tensor y = poisoned_gpu({m, n}, DType::kBF16);
@@ -236,8 +244,7 @@ TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const int64_t m = 3, k = 1024, n = 2048;
-  const std::vector<ops::Nvfp4Weight> host = {random_nvfp4(n / 2, k, seed), random_nvfp4(n / 2, k, seed + 1)};
-  const std::vector<ops::Nvfp4Weight> shards = {cuda::nvfp4_prepare(host[0], 0, 0), cuda::nvfp4_prepare(host[1], 0, 1)};
+  const auto [host, shards] = halves_on_two_domains(n, k, seed);
   const Tensor xg = to_gpu(randn({m, k}, DType::kBF16, seed + 2));
   Tensor y = poisoned_gpu({m, n}, DType::kBF16), y_traced = poisoned_gpu({m, n}, DType::kBF16);
   auto expect_ordered = [](const std::vector<std::vector<unsigned long long>>& recs, bool claimed) {
