@@ -5,8 +5,8 @@
 // the same bits on a second call and from graph replays (its counters reset themselves), with its
 // blocks claimed by SM rank and counted alike on every call and replay, a replay after an
 // in-place reload using the new weights; claimed blocks of SMs that run no CTA taken by the
-// scans; every SM in one domain (the other's blocks stolen); a traced launch (its timeline words, its bits); its eligibility rules; and the
-// partitioned ops on each of their paths.
+// scans; every SM in one domain (the other's blocks stolen); traced launches (their timeline
+// words, their bits); its eligibility rules; and the partitioned ops on each of their paths.
 #include <gtest/gtest.h>
 
 #include <algorithm>
