@@ -35,7 +35,8 @@ EnvToggle g_claims{"LOCUS_NVFP4_GEMV_CLAIMS", true};
 // H100, partitioned op against counted blocks: 4096 x 7168 at 1 and 8 tokens 11.0 -> 9.0-9.1 us
 // (0.74 -> 0.90-0.91 of unpartitioned), 32768 x 512 and 7168 x 2048 0.3 us faster, the other
 // shapes of these forms within 0.2 us; the one-tile forms (3 CTAs an SM: 18432 x 7168, 24576 x
-// 1536) and 16 tokens were 0.2-0.5 us slower claimed, so they keep the counters.
+// 1536) were 0.2-0.5 us slower claimed and 16 tokens mixed (0.2 us faster to 0.3 us slower), so
+// they keep the counters.
 template <int MB, int TW, bool SWIGLU>
 constexpr bool kClaimedForm = MB == 1 && TW == 2 && !SWIGLU;
 
