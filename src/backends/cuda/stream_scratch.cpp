@@ -12,13 +12,23 @@
 
 namespace locus::cuda::detail {
 
-StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials, ScratchUser user) {
-  static std::mutex mu;
+namespace {
+
+std::mutex g_scratch_mu;
+
+// The scratch of `stream` and `user` on the current device; the caller holds g_scratch_mu.
+StreamScratch& scratch_of(cudaStream_t stream, ScratchUser user) {
   static auto* all = new std::map<std::tuple<int, cudaStream_t, ScratchUser>, StreamScratch>();
-  std::lock_guard<std::mutex> lock(mu);
   int dev = 0;
   LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  StreamScratch& s = (*all)[{dev, stream, user}];
+  return (*all)[{dev, stream, user}];
+}
+
+}  // namespace
+
+StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials, ScratchUser user) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  StreamScratch& s = scratch_of(stream, user);
   if (s.partial_cap < partials) {
     const size_t cap = std::max(partials, 2 * s.partial_cap);
     // Partials are written before they are read; they need no initialization (zeroed anyway).
@@ -34,17 +44,13 @@ StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partia
 }
 
 unsigned long long* stream_claim_words(cudaStream_t stream, int sms) {
-  static std::mutex mu;
-  static auto* all = new std::map<std::tuple<int, cudaStream_t, int>, unsigned long long*>();
-  std::lock_guard<std::mutex> lock(mu);
-  int dev = 0;
-  LOCUS_CUDA_CHECK(cudaGetDevice(&dev));
-  unsigned long long*& words = (*all)[{dev, stream, sms}];
-  if (words == nullptr) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  StreamScratch& s = scratch_of(stream, ScratchUser::kWeightKernels);
+  if (s.claim_words == nullptr) {
     const size_t bytes = 3 * sizeof(unsigned long long) * kClaimWordsPerSm * sms;
-    words = static_cast<unsigned long long*>(persistent_device_alloc(bytes, nullptr, "allocating claim words"));
+    s.claim_words = static_cast<unsigned long long*>(persistent_device_alloc(bytes, nullptr, "allocating claim words"));
   }
-  return words;
+  return s.claim_words;
 }
 
 int sm_count_for(cudaStream_t stream) {

@@ -19,6 +19,7 @@ struct StreamScratch {
   size_t counter_cap = 0;
   float4* partials = nullptr;
   size_t partial_cap = 0;
+  unsigned long long* claim_words = nullptr;  // stream_claim_words
 };
 // At least `counters` counters (zero) and `partials` float4 partial slots for `stream` on the
 // current device, grown on demand (an outgrown buffer is kept alive: a captured graph may still
@@ -30,7 +31,8 @@ StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partia
 // The domain-aware launches' arrival and claim words on `stream` (unit_claims.cuh), on the current
 // device, zeroed once and never reset (a launch counts itself into the arrival words and tags
 // what it claims with that count): kClaimWordsPerSm x `sms` arrival words, then two sets of as
-// many claim words. A launch has at most that many CTAs and units (8 CTAs of 256 threads an SM).
+// many claim words; `sms`: sm_count_for(stream). A launch has at most that many CTAs and units (8
+// CTAs of 256 threads an SM).
 constexpr int kClaimWordsPerSm = 8;
 unsigned long long* stream_claim_words(cudaStream_t stream, int sms);
 
