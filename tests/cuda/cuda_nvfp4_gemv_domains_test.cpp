@@ -134,7 +134,7 @@ TEST_P(CudaNvfp4GemvDomains, ShardsMatchFp64AndTheOneWeightKernelsBitsAndReplayA
     expect_same_bits_on_every_run(y, first, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv_domains(a, s); },
                                   caller_);
   }
-  cuda::detail::set_nvfp4_gemv_claims(true);
+  cuda::detail::set_nvfp4_gemv_claims(-1);  // back to the environment's
 
   // A graph of it, replayed after new weights were copied into the shards' own buffers.
   cuda::Graph g;
@@ -207,6 +207,7 @@ TEST_F(CudaTwoDomains, ClaimedBlocksOfAbsentSmsAreTakenByScans) {
   EXPECT_TRUE(claimed) << "the launch counted its blocks";
   expect_same_bits_on_every_run(y, counted, [&](cudaStream_t s) { cuda::detail::launch_nvfp4_gemv_domains(a, s); },
                                 caller_);
+  cuda::detail::set_nvfp4_gemv_claims(-1);  // back to the environment's
   cuda::detail::set_nvfp4_gemv_shape({0, 0});
 }
 
@@ -285,7 +286,7 @@ TEST_F(CudaTwoDomains, TracedNvfp4GemvLaunchesKeepTheirBitsAndStampEveryCta) {
                                                              cuda::detail::sm_count_for(caller_)
                                                        : 2 * blocks));
   }
-  cuda::detail::set_nvfp4_gemv_claims(true);
+  cuda::detail::set_nvfp4_gemv_claims(-1);  // back to the environment's
   cuda::detail::set_nvfp4_gemv_shape({0, 0});
   {  // the one-weight launch: one record a block
     y.fill_nan_();

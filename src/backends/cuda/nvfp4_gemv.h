@@ -223,8 +223,9 @@ bool nvfp4_gemv_domain_args(const Tensor& x, const std::vector<ops::Nvfp4Weight>
                             const Tensor& y, bool swiglu, const std::vector<DomainSlice>& slices,
                             Nvfp4GemvDomainArgs* a);
 // Whether launch_nvfp4_gemv_domains lets its CTAs claim their blocks by SM rank where it can
-// (unit_claims.cuh) instead of asking per-domain counters (LOCUS_NVFP4_GEMV_CLAIMS, default on).
-void set_nvfp4_gemv_claims(bool on);
+// (unit_claims.cuh) instead of asking per-domain counters (LOCUS_NVFP4_GEMV_CLAIMS, default on):
+// 1 on, 0 off, negative back to the environment's setting.
+void set_nvfp4_gemv_claims(int on);
 // The block shape launch_nvfp4_gemv_domains takes on `sms` SMs (never the lean form).
 Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms);
 

@@ -120,7 +120,7 @@ Nvfp4GemvShape nvfp4_gemv_domains_shape(const Nvfp4GemvDomainArgs& a, int sms) {
   return nvfp4_gemv_shape(all, sms, /*allow_lean=*/false);
 }
 
-void set_nvfp4_gemv_claims(bool on) { g_claims.set(on); }
+void set_nvfp4_gemv_claims(int on) { g_claims.set_or_reset(on); }
 
 void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream, bool* claims) {
   LOCUS_CHECK(nvfp4_gemv_domains_eligible(a), "launch_nvfp4_gemv_domains: the problem is not eligible");
