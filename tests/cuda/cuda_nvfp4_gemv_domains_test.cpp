@@ -57,22 +57,6 @@ std::vector<double> reference(const Tensor& x, const std::vector<ops::Nvfp4Weigh
   return ref;
 }
 
-// Two calls, then three replays of a graph of one, each into `y` poisoned first: every one writes
-// `expected` bitwise.
-void expect_same_bits_on_every_run(Tensor& y, const Tensor& expected, const std::function<void(cudaStream_t)>& launch,
-                                   cudaStream_t stream) {
-  cuda::Graph g;
-  g.begin_capture(stream);
-  launch(stream);
-  g.end_capture();
-  for (int run = 0; run < 5; ++run) {
-    y.fill_nan_();
-    if (run < 2) launch(stream);
-    else g.replay(stream);
-    EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << (run < 2 ? "call " : "replay ") << (run < 2 ? run : run - 2);
-  }
-}
-
 // The two halves of a random NVFP4 [n, k] weight by rows (host), prepared on domains 0 and 1.
 std::pair<std::vector<ops::Nvfp4Weight>, std::vector<ops::Nvfp4Weight>> halves_on_two_domains(int64_t n, int64_t k,
                                                                                               uint64_t seed) {

@@ -230,9 +230,25 @@ inline void expect_columns_around_poisoned(const Tensor& out, int64_t left, int6
   for (const double v : to_doubles(out.slice(1, left + n, out.size(1)).clone())) EXPECT_TRUE(std::isnan(v));
 }
 
+// Two calls, then three replays of a graph of one, each into `y` poisoned first: every one writes
+// `expected` bitwise.
+inline void expect_same_bits_on_every_run(Tensor& y, const Tensor& expected,
+                                          const std::function<void(cudaStream_t)>& launch, cudaStream_t stream) {
+  cuda::Graph g;
+  g.begin_capture(stream);
+  launch(stream);
+  g.end_capture();
+  for (int run = 0; run < 5; ++run) {
+    y.fill_nan_();
+    if (run < 2) launch(stream);
+    else g.replay(stream);
+    EXPECT_TRUE(bitwise_equal(fetch(y), expected)) << (run < 2 ? "call " : "replay ") << (run < 2 ? run : run - 2);
+  }
+}
+
 // A kernel writing columns [left, left + n) of the poisoned `y`: `launch` on `stream` matches
-// `ref` within `tol` there and leaves the other columns NaN; a second call, then a graph of it
-// replayed twice, give the same bits. Returns the first result.
+// `ref` within `tol` there and leaves the other columns NaN; two more calls and three replays of
+// a graph of it, each into a poisoned `y`, give the same bits. Returns the first result.
 inline Tensor expect_slice_and_repeats(Tensor& y, int64_t left, int64_t n, const std::vector<double>& ref, double tol,
                                        const std::function<void(cudaStream_t)>& launch, cudaStream_t stream) {
   y.fill_nan_();
@@ -240,17 +256,7 @@ inline Tensor expect_slice_and_repeats(Tensor& y, int64_t left, int64_t n, const
   const Tensor first = fetch(y);
   EXPECT_LT(rel_error(first.slice(1, left, left + n).clone(), ref), tol);
   expect_columns_around_poisoned(first, left, n);
-  launch(stream);
-  EXPECT_TRUE(bitwise_equal(fetch(y), first));
-  y.fill_nan_();
-  cuda::Graph g;
-  g.begin_capture(stream);
-  launch(stream);
-  g.end_capture();
-  for (int replay = 0; replay < 2; ++replay) {
-    g.replay(stream);
-    EXPECT_TRUE(bitwise_equal(fetch(y), first)) << "replay " << replay;
-  }
+  expect_same_bits_on_every_run(y, first, launch, stream);
   return first;
 }
 
