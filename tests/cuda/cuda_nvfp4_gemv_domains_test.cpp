@@ -6,7 +6,8 @@
 // blocks claimed by SM rank and counted alike on every call and replay, a replay after an
 // in-place reload using the new weights; claimed blocks of SMs that run no CTA taken by the
 // scans; every SM in one domain (the other's blocks stolen); traced launches (their timeline
-// words, their bits); its eligibility rules; and the partitioned ops on each of their paths.
+// words, their bits); its eligibility and claiming rules; and the partitioned ops on each of
+// their paths.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -321,6 +322,43 @@ TEST(CudaNvfp4GemvDomainsRules, TakesEligibleShardsOnly) {
   EXPECT_FALSE(cuda::detail::nvfp4_gemv_domains_eligible(b));
   b.parts[1].n = 32;
   EXPECT_TRUE(cuda::detail::nvfp4_gemv_domains_eligible(b));
+}
+
+// plan_gemv_claims (host): a launch of slots x SMs CTAs, taken only where every domain's units fit
+// its SMs' slots and the launch's CTAs and units fit the stream's words; the counters' plan
+// otherwise.
+TEST(CudaNvfp4GemvDomainsRules, ClaimsTakeFittingPlansOnly) {
+  namespace cd = cuda::detail;
+  const int32_t domain_sms[2] = {66, 66};
+  const int stride = cd::kClaimWordsPerSm * 132;
+  std::vector<unsigned long long> words(3 * stride);
+  unsigned counters[cd::kGemvMaxDomains] = {};
+  auto plan = [&](int64_t units0, int64_t units1, cd::GemvDomainPlan* pl) {
+    const int32_t part_domain[2] = {0, 1};
+    const int64_t part_units[2] = {units0, units1};
+    cd::plan_gemv_domains(part_domain, part_units, 2, 2, counters, 264, pl);
+  };
+  cd::GemvDomainPlan pl;
+  plan(100, 132, &pl);
+  ASSERT_TRUE(cd::plan_gemv_claims(domain_sms, 2, 2, 132, words.data(), stride, &pl));
+  EXPECT_EQ(pl.total_ctas, 264);
+  EXPECT_EQ(pl.counted, 0);
+  EXPECT_EQ(pl.claim_base[1], 100);
+  EXPECT_EQ(pl.claim_words, 232);
+  EXPECT_EQ(pl.slots_per_sm, 2);
+  EXPECT_EQ(pl.arrivals, words.data());
+  EXPECT_EQ(pl.claims, words.data() + stride);
+
+  plan(100, 133, &pl);  // domain 1: 133 units for 66 SMs x 2 slots
+  EXPECT_FALSE(cd::plan_gemv_claims(domain_sms, 2, 2, 132, words.data(), stride, &pl));
+  EXPECT_EQ(pl.counted, 1);
+  plan(100, 132, &pl);
+  EXPECT_FALSE(cd::plan_gemv_claims(domain_sms, 2, 2, 132, words.data(), 263, &pl));  // 264 CTAs
+  EXPECT_FALSE(cd::plan_gemv_claims(domain_sms, 2, 2, 132, nullptr, stride, &pl));
+  EXPECT_FALSE(cd::plan_gemv_claims(nullptr, 2, 2, 132, words.data(), stride, &pl));
+  const int32_t no_sms[2] = {66, 0};  // domain 1 has units but no SM
+  EXPECT_FALSE(cd::plan_gemv_claims(no_sms, 2, 2, 132, words.data(), stride, &pl));
+  EXPECT_EQ(pl.counted, 1);
 }
 
 // ops::nvfp4_gemm_partitioned and nvfp4_gemm_swiglu_partitioned on two emulated domains at decode
