@@ -57,7 +57,7 @@ inline int64_t plan_gemv_domains(const int32_t* part_domain, const int64_t* part
 // Switches `pl` (planned by plan_gemv_domains) to units claimed by SM rank, a launch of
 // `slots_per_sm` CTAs on each of `sms` SMs, when every domain's units fit its SMs' slots (each
 // domain with units has SMs, at most domain_sms[d] x slots_per_sm units). `words` (the stream's,
-// stream_claim_words) holds `stride` arrival words, then two sets of `stride` claim words; the
+// stream_claim_scratch) holds `stride` arrival words, then two sets of `stride` claim words; the
 // launch's CTAs and units must fit `stride`. Returns whether it did.
 inline bool plan_gemv_claims(const int32_t* domain_sms, int num_domains, int slots_per_sm, int sms,
                              unsigned long long* words, int stride, GemvDomainPlan* pl) {

@@ -132,7 +132,9 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
     part_domain[i] = a.parts[i].domain;
     part_units[i] = nvfp4_gemv_blocks(part_args(a, i), shape);
   }
-  unsigned* counters = stream_scratch(stream, kGemvMaxDomains, 1).counters;
+  // One lookup for the counters and the claim words (the claim words are allocated once a stream).
+  const StreamScratch scratch = stream_claim_scratch(stream, kGemvMaxDomains, sms);
+  unsigned* counters = scratch.counters;
   cudaError_t err = cudaSuccess;
   dispatch_nvfp4_gemv_shape(
       nvfp4_gemv_token_blocks(a.common), shape.tiles_per_warp, shape.warps_per_slot, a.common.swiglu, false,
@@ -151,7 +153,7 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
           const auto claimed = nvfp4_gemv_domains_kernel<MB, TW, W, SW, true>;
           if (g_claims.on() && a.sm_domain != nullptr && a.sm_rank != nullptr &&
               plan_gemv_claims(a.domain_sms, a.num_domains, ctas_per_sm(reinterpret_cast<const void*>(claimed)), sms,
-                               stream_claim_words(stream, sms), kClaimWordsPerSm * sms, &pl)) {
+                               scratch.claim_words, kClaimWordsPerSm * sms, &pl)) {
             launch.config.gridDim = dim3(pl.total_ctas);
             err = cudaLaunchKernelEx(&launch.config, claimed, a, pl);
             if (claims != nullptr) *claims = true;

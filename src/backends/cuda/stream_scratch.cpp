@@ -24,11 +24,8 @@ StreamScratch& scratch_of(cudaStream_t stream, ScratchUser user) {
   return (*all)[{dev, stream, user}];
 }
 
-}  // namespace
-
-StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials, ScratchUser user) {
-  std::lock_guard<std::mutex> lock(g_scratch_mu);
-  StreamScratch& s = scratch_of(stream, user);
+// Grows `s` to at least `counters` counters and `partials` partial slots; the caller holds g_scratch_mu.
+void grow(StreamScratch& s, size_t counters, size_t partials) {
   if (s.partial_cap < partials) {
     const size_t cap = std::max(partials, 2 * s.partial_cap);
     // Partials are written before they are read; they need no initialization (zeroed anyway).
@@ -40,17 +37,26 @@ StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partia
     s.counters = static_cast<unsigned*>(persistent_device_alloc(cap * sizeof(unsigned), nullptr, "allocating per-stream counters"));
     s.counter_cap = cap;
   }
+}
+
+}  // namespace
+
+StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials, ScratchUser user) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  StreamScratch& s = scratch_of(stream, user);
+  grow(s, counters, partials);
   return s;
 }
 
-unsigned long long* stream_claim_words(cudaStream_t stream, int sms) {
+StreamScratch stream_claim_scratch(cudaStream_t stream, size_t counters, int sms) {
   std::lock_guard<std::mutex> lock(g_scratch_mu);
   StreamScratch& s = scratch_of(stream, ScratchUser::kWeightKernels);
+  grow(s, counters, 0);
   if (s.claim_words == nullptr) {
     const size_t bytes = 3 * sizeof(unsigned long long) * kClaimWordsPerSm * sms;
     s.claim_words = static_cast<unsigned long long*>(persistent_device_alloc(bytes, nullptr, "allocating claim words"));
   }
-  return s.claim_words;
+  return s;
 }
 
 int sm_count_for(cudaStream_t stream) {

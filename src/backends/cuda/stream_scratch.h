@@ -19,7 +19,7 @@ struct StreamScratch {
   size_t counter_cap = 0;
   float4* partials = nullptr;
   size_t partial_cap = 0;
-  unsigned long long* claim_words = nullptr;  // stream_claim_words
+  unsigned long long* claim_words = nullptr;  // stream_claim_scratch
 };
 // At least `counters` counters (zero) and `partials` float4 partial slots for `stream` on the
 // current device, grown on demand (an outgrown buffer is kept alive: a captured graph may still
@@ -28,13 +28,13 @@ enum class ScratchUser { kWeightKernels, kAttention };
 StreamScratch stream_scratch(cudaStream_t stream, size_t counters, size_t partials,
                              ScratchUser user = ScratchUser::kWeightKernels);
 
-// The domain-aware launches' arrival and claim words on `stream` (unit_claims.cuh), on the current
-// device, zeroed once and never reset (a launch counts itself into the arrival words and tags
-// what it claims with that count): kClaimWordsPerSm x `sms` arrival words, then two sets of as
-// many claim words; `sms`: sm_count_for(stream). A launch has at most that many CTAs and units (8
-// CTAs of 256 threads an SM).
+// stream_scratch's counters (no partials) and, in the same lookup, the domain-aware launches'
+// arrival and claim words on `stream` (unit_claims.cuh), on the current device, zeroed once and
+// never reset (a launch counts itself into the arrival words and tags what it claims with that
+// count): kClaimWordsPerSm x `sms` arrival words, then two sets of as many claim words; `sms`:
+// sm_count_for(stream). A launch has at most that many CTAs and units (8 CTAs of 256 threads an SM).
 constexpr int kClaimWordsPerSm = 8;
-unsigned long long* stream_claim_words(cudaStream_t stream, int sms);
+StreamScratch stream_claim_scratch(cudaStream_t stream, size_t counters, int sms);
 
 // SMs a kernel launched on `stream` may use: its green-context partition's, else the device's.
 int sm_count_for(cudaStream_t stream);
