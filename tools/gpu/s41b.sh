@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Forty-first session, call 2 (branch s41-scratch: the NVFP4 domain-aware launch asks the stream's
 # scratch once for its counters and claim words). .gpu-carry: this branch's build (package.sh);
-# .gpu-ab: main's 70142e2 liblocus.so (xz; its kernels are main's) and benches. Every CUDA test,
-# then the decode-M table this build / main's library, twice.
+# .gpu-ab: main's 70142e2 liblocus.so (xz; its kernels are main's) and benches. The CUDA tests that
+# run the NVFP4 launches (domain-aware, traced, partitioned, MoE, model), then the decode-M table
+# this build / main's library, twice.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/carry_env.sh
@@ -15,7 +16,7 @@ step() { local name=$1 max=$2; shift 2; local t0=$SECONDS
   timeout "$max" "$@" > "$R/$name.log" 2>&1; local rc=$?
   summary+=("$name rc=$rc $((SECONDS - t0))s"); echo "== $name rc=$rc $((SECONDS - t0))s"; tail -2 "$R/$name.log"; pack; }
 trap 'printf "%s\n" "${summary[@]}" > $R/summary.txt; pack; cat $R/summary.txt' EXIT
-step tests 300 $CARRY/locus_cuda_tests --gtest_brief=1
+step tests 150 $CARRY/locus_cuda_tests --gtest_brief=1 --gtest_filter='*Nvfp4*:*ClaimedBlocks*:*PartitionedOps*:*Moe*:*CudaModel*'
 for r in 1 2; do
   step t$r.scratch 30 $CARRY/cuda_gemm_bench --m 1,8 --out $R/t$r.scratch.md
   step t$r.main 30 env "$MAINENV" .gpu-ab/cuda_gemm_bench --m 1,8 --out $R/t$r.main.md
