@@ -37,8 +37,9 @@ EnvToggle g_claims{"LOCUS_NVFP4_GEMV_CLAIMS", true};
 // shapes of these forms within 0.2 us; the one-tile forms (3 CTAs an SM: 18432 x 7168, 24576 x
 // 1536) were 0.2-0.5 us slower claimed and 16 tokens mixed (0.2 us faster to 0.3 us slower), so
 // they keep the counters.
+constexpr bool nvfp4_gemv_claimed_form(int mb, int tw, bool swiglu) { return mb == 1 && tw == 2 && !swiglu; }
 template <int MB, int TW, bool SWIGLU>
-constexpr bool kClaimedForm = MB == 1 && TW == 2 && !SWIGLU;
+constexpr bool kClaimedForm = nvfp4_gemv_claimed_form(MB, TW, SWIGLU);
 
 template <int MB, int TW, int W, bool SWIGLU, bool CLAIMED>
 __global__ void __launch_bounds__(kNvfp4GemvThreads, nvfp4_gemv_resident_ctas(MB, TW))
@@ -132,8 +133,13 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
     part_domain[i] = a.parts[i].domain;
     part_units[i] = nvfp4_gemv_blocks(part_args(a, i), shape);
   }
-  // One lookup for the counters and the claim words (the claim words are allocated once a stream).
-  const StreamScratch scratch = stream_claim_scratch(stream, kGemvMaxDomains, sms);
+  // A launch that may claim takes the counters and the claim words in one lookup (the claim words
+  // are allocated at a stream's first such launch); the others take the counters only.
+  const bool may_claim = g_claims.on() && a.sm_domain != nullptr && a.sm_rank != nullptr &&
+                         nvfp4_gemv_claimed_form(nvfp4_gemv_token_blocks(a.common), shape.tiles_per_warp,
+                                                 a.common.swiglu);
+  const StreamScratch scratch =
+      may_claim ? stream_claim_scratch(stream, kGemvMaxDomains, sms) : stream_scratch(stream, kGemvMaxDomains, 0);
   unsigned* counters = scratch.counters;
   cudaError_t err = cudaSuccess;
   dispatch_nvfp4_gemv_shape(
@@ -151,7 +157,7 @@ void launch_nvfp4_gemv_domains(const Nvfp4GemvDomainArgs& a, cudaStream_t stream
         DependentLaunch launch(dim3(pl.total_ctas), dim3(kNvfp4GemvThreads), 0, stream, small_op_overlap());
         if constexpr (kClaimedForm<MB, TW, SW>) {
           const auto claimed = nvfp4_gemv_domains_kernel<MB, TW, W, SW, true>;
-          if (g_claims.on() && a.sm_domain != nullptr && a.sm_rank != nullptr &&
+          if (may_claim &&
               plan_gemv_claims(a.domain_sms, a.num_domains, ctas_per_sm(reinterpret_cast<const void*>(claimed)), sms,
                                scratch.claim_words, kClaimWordsPerSm * sms, &pl)) {
             launch.config.gridDim = dim3(pl.total_ctas);
