@@ -1,0 +1,11 @@
+# Sourced by the per-session call scripts (tools/gpu/s*.sh, from the repository root): R, the
+# results folder, packed into $OUT/r.tgz after every step (so a call cut short still returns what
+# it ran); step NAME MAX CMD...: CMD under a MAX-second limit into $R/NAME.log, its exit status and
+# seconds noted (and its log's last lines shown); at exit, the notes in $R/summary.txt.
+R=/tmp/r; mkdir -p $R
+summary=()
+pack() { tar czf "$OUT/r.tgz" -C $R . 2>/dev/null; }
+step() { local name=$1 max=$2; shift 2; local t0=$SECONDS
+  timeout "$max" "$@" > "$R/$name.log" 2>&1; local rc=$?
+  summary+=("$name rc=$rc $((SECONDS - t0))s"); echo "== $name rc=$rc $((SECONDS - t0))s"; tail -2 "$R/$name.log"; pack; }
+trap 'printf "%s\n" "${summary[@]}" > $R/summary.txt; pack; cat $R/summary.txt' EXIT
