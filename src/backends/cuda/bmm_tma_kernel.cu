@@ -54,7 +54,7 @@ struct BmmPlan {
   int32_t part_unit0[kBmmTmaMaxParts];      // a part's first unit in its domain
   unsigned* counters;                       // kQueuedUnits: per domain, 0 between launches
   unsigned* claims;                         // kRankUnits: [domain][rank] launches that claimed it
-  unsigned long long* arrivals;             // kRankUnits: CTAs started, all launches
+  unsigned long long* arrivals;             // kRankUnits: per CTA index, the launches it started in
   int32_t mode;                             // how units reach CTAs (kStaticUnits, ...)
   int32_t total_ctas, static_first, counted;
   CtaTrace trace;                           // BmmTmaTuning::trace
@@ -320,11 +320,12 @@ __device__ void produce(const BmmTmaArgs& a, const BmmPlan& pl, const BmmMaps& m
     }
     wait_for_previous_grid();  // before the activations and the claims
     mark<kTraced>(s, kTraceWaited);
-    // Every launch adds total_ctas arrivals and claims every rank once: the launch's number.
-    const unsigned long long arrival = atomicAdd(pl.arrivals, 1ull);
+    // Every launch adds one to its CTA b's word b (a word of its own: no CTA waits behind
+    // another's addition) and claims every rank once: the launch's number.
+    const unsigned long long arrival = atomicAdd(pl.arrivals + blockIdx.x, 1ull);
     if (speculate && !pl.early_copy) pr.open_early(domain, &u, a.domain_sms[domain], rank + 1, pl.slots, kSpeculative);
     pr.copy_x();
-    const unsigned launch = static_cast<unsigned>(arrival / pl.total_ctas);
+    const unsigned launch = static_cast<unsigned>(arrival);
     const bool held = guess && claim_rank(a, pl, launch, domain, rank);
     if (!held) claim_any_rank(a, pl, launch, &domain, &rank);
     s.claim_held = held;
@@ -657,9 +658,9 @@ bool by_rank(const BmmTmaArgs& a, const BmmPlan& pl) {
   return true;
 }
 
-// The rank claims and arrival count of the launches on `stream` with these ranks (the table and
-// the SMs per domain: every such launch has one CTA per rank and claims each rank once, so the
-// counts advance in step); zero at first.
+// The rank claims and arrival words of the launches on `stream` with these ranks (the table and
+// the SMs per domain: every such launch has one CTA per rank, adds one to each CTA's arrival word
+// and claims each rank once, so the counts advance in step); zero at first.
 void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
   static std::mutex mu;
   static auto* all = new std::map<std::vector<int64_t>, void*>();
@@ -669,11 +670,12 @@ void rank_claims(cudaStream_t stream, const BmmTmaArgs& a, BmmPlan* pl) {
   key.insert(key.end(), a.domain_sms, a.domain_sms + a.num_domains);
   std::lock_guard<std::mutex> lock(mu);
   void*& buf = (*all)[key];
+  constexpr size_t kRanks = size_t{kBmmTmaMaxDomains} * kMaxRanks;  // at least a launch's CTAs
   if (buf == nullptr)
-    buf = persistent_device_alloc(8 + sizeof(unsigned) * kBmmTmaMaxDomains * kMaxRanks, nullptr,
+    buf = persistent_device_alloc((sizeof(unsigned long long) + sizeof(unsigned)) * kRanks, nullptr,
                                   "allocating the BMM kernel's rank claims");
   pl->arrivals = static_cast<unsigned long long*>(buf);
-  pl->claims = reinterpret_cast<unsigned*>(static_cast<char*>(buf) + 8);
+  pl->claims = reinterpret_cast<unsigned*>(pl->arrivals + kRanks);
 }
 
 // The dynamic shared memory a launch of plan `pl` asks for. With one CTA an SM (all but the
