@@ -7,15 +7,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/carry_env.sh
-R=/tmp/r; mkdir -p $R /tmp/mainlib
+source tools/gpu/call_steps.sh  # R, step
+mkdir -p /tmp/mainlib
 xz -dc .gpu-ab/liblocus.so.xz > /tmp/mainlib/liblocus.so
 MAINENV="LD_LIBRARY_PATH=/tmp/mainlib:$LD_LIBRARY_PATH"
-summary=()
-pack() { tar czf "$OUT/r.tgz" -C $R . 2>/dev/null; }
-step() { local name=$1 max=$2; shift 2; local t0=$SECONDS
-  timeout "$max" "$@" > "$R/$name.log" 2>&1; local rc=$?
-  summary+=("$name rc=$rc $((SECONDS - t0))s"); echo "== $name rc=$rc $((SECONDS - t0))s"; tail -2 "$R/$name.log"; pack; }
-trap 'printf "%s\n" "${summary[@]}" > $R/summary.txt; pack; cat $R/summary.txt' EXIT
 step tests 120 $CARRY/locus_cuda_tests --gtest_brief=1 --gtest_filter='*Bmm*:*CudaMla*'
 for r in 1 2; do
   step t$r.words 30 $CARRY/cuda_gemm_bench --bmm --m 1,8,16 --out $R/t$r.words.md
