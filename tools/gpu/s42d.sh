@@ -7,10 +7,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/carry_env.sh
-source tools/gpu/call_steps.sh  # R, step
-mkdir -p /tmp/mainlib
-xz -dc .gpu-ab/liblocus.so.xz > /tmp/mainlib/liblocus.so
-MAINENV="LD_LIBRARY_PATH=/tmp/mainlib:$LD_LIBRARY_PATH"
+source tools/gpu/call_steps.sh  # R, step, unpack_main_library
+unpack_main_library  # MAINENV
 step tests 120 $CARRY/locus_cuda_tests --gtest_brief=1 --gtest_filter='*Bmm*:*CudaMla*'
 for r in 1 2; do
   step t$r.words 30 $CARRY/cuda_gemm_bench --bmm --m 1,8,16 --out $R/t$r.words.md
