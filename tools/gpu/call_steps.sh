@@ -1,9 +1,13 @@
-# Sourced by the per-session call scripts (tools/gpu/s*.sh, from the repository root): R, the
-# results folder, packed into $OUT/r.tgz after every step (so a call cut short still returns what
-# it ran); step NAME MAX CMD...: CMD under a MAX-second limit into $R/NAME.log, its exit status and
-# seconds noted (and its log's last lines shown); at exit, the notes in $R/summary.txt.
+# Sourced by the per-session call scripts (tools/gpu/s*.sh): strict mode, the repository root as
+# the working folder, carry_env.sh (CARRY, the library path); R, the results folder, packed into
+# $OUT/r.tgz after every step (so a call cut short still returns what it ran); step NAME MAX
+# CMD...: CMD under a MAX-second limit into $R/NAME.log, its exit status and seconds noted (and
+# its log's last lines shown); at exit, the notes in $R/summary.txt.
 # unpack_main_library: main's liblocus.so from .gpu-ab/ (xz) into /tmp/mainlib, and MAINENV, the
 # library path that makes a binary load it (env "$MAINENV" BIN ...: an A/B in one call).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+source tools/gpu/carry_env.sh
 R=/tmp/r; mkdir -p $R
 summary=()
 pack() { tar czf "$OUT/r.tgz" -C $R . 2>/dev/null; }

@@ -4,10 +4,7 @@
 # .gpu-ab: main's 70142e2 liblocus.so (xz; its kernels are main's) and benches. The CUDA tests that
 # run the NVFP4 launches (domain-aware, traced, partitioned, MoE, model), then the decode-M table
 # this build / main's library, twice.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-source tools/gpu/carry_env.sh
-source tools/gpu/call_steps.sh  # R, step, unpack_main_library
+source "$(dirname "$0")/call_steps.sh"  # the repository root; CARRY, R, step, unpack_main_library
 unpack_main_library  # MAINENV
 step tests 150 $CARRY/locus_cuda_tests --gtest_brief=1 --gtest_filter='*Nvfp4*:*ClaimedBlocks*:*PartitionedOps*:*Moe*:*CudaModel*'
 for r in 1 2; do

@@ -4,10 +4,7 @@
 # (package.sh); .gpu-ab: main's 70142e2 liblocus.so (xz; its BMM code is main's) and benches. The
 # BMM and MLA tests, then the BMM rows this build / main's library twice (in turn), and both
 # builds' BMM timelines.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-source tools/gpu/carry_env.sh
-source tools/gpu/call_steps.sh  # R, step, unpack_main_library
+source "$(dirname "$0")/call_steps.sh"  # the repository root; CARRY, R, step, unpack_main_library
 unpack_main_library  # MAINENV
 step tests 120 $CARRY/locus_cuda_tests --gtest_brief=1 --gtest_filter='*Bmm*:*CudaMla*'
 for r in 1 2; do
